@@ -1,0 +1,1 @@
+"""The `icl-exp` command line: parse, dispatch, print. No science here."""

@@ -1,0 +1,113 @@
+"""`icl-exp`: list experiments, run one (or sweep with -m), re-plot finished results."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Reproduce, figure by figure, four papers on how a transformer turns its context into weights.",
+)
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def unique_stamp() -> str:
+    """Timestamp plus a random suffix: two runs started in the same second get two folders."""
+    return f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{secrets.token_hex(3)}"
+
+
+@app.command("list")
+def list_experiments() -> None:
+    """Every registered experiment: name, paper, figure(s), what it shows."""
+    from experiments.core import registry
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("experiment", "paper", "figures", "description"):
+        table.add_column(col)
+    for exp in registry.all_experiments():
+        table.add_row(exp.name, exp.paper, exp.figures, exp.description)
+    Console().print(table)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="experiment name (see `icl-exp list`)"),
+    multirun: bool = typer.Option(False, "-m", "--multirun", help="sweep: comma-separated values run one job each"),
+) -> None:
+    """Run NAME with Hydra overrides, e.g. `icl-exp run linreg_icl preset=cpu seed=1`.
+
+    Overrides are handed to Hydra's own entry point, so `-m`, `hydra/launcher=...`,
+    `hydra.run.dir=...`, `hydra.sweep.dir=...` and `--cfg job` work as in any Hydra app.
+    """
+    from cli.overrides import check_writable, validate
+    from experiments.core.errors import UserError
+
+    overrides = list(ctx.args)
+    try:
+        validate(name, overrides)
+        dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
+        if given:
+            out_dir = given[-1]
+        else:
+            stamp = unique_stamp()
+            out_dir = f"results/{name}/multirun/{stamp}" if multirun else f"results/{name}/{stamp}"
+            overrides.append(f"{dir_key}={out_dir}")
+        if "${" not in out_dir:
+            check_writable(out_dir)
+    except UserError as err:
+        fail(str(err))
+
+    from cli import hydra_app
+
+    sys.argv = ["icl-exp", f"experiment={name}", *overrides, *(["--multirun"] if multirun else [])]
+    hydra_app.main()
+
+
+@app.command()
+def plot(run_dir: Path = typer.Argument(..., help="a run folder, or a multirun folder to combine")) -> None:
+    """Re-render a run's figures from its CSVs alone (no recomputation)."""
+    from experiments.core.errors import UserError
+    from experiments.core.figures import render
+
+    try:
+        paths = render(run_dir)
+    except UserError as err:
+        fail(str(err))
+    for p in paths:
+        Console().print(str(p), highlight=False)
+
+
+def _register_subcommands() -> None:
+    """Sub-apps living in their own modules (e.g. `icl-exp patch export`)."""
+    import importlib
+
+    for module_name, attr, cmd in (("cli.patch", "app", "patch"),):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name == module_name:
+                continue
+            raise
+        app.add_typer(getattr(module, attr), name=cmd)
+
+
+_register_subcommands()
+
+if __name__ == "__main__":
+    app()

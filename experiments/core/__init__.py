@@ -1,0 +1,1 @@
+"""Run machinery shared by every experiment: registry, run directory, progress, plotting."""

@@ -1,0 +1,81 @@
+"""Re-render figures from finished runs, and combine the jobs of a multirun.
+
+A run folder holds run.json + metrics.csv; a multirun folder holds Hydra's multirun.yaml and one
+run folder per job. Combining concatenates the jobs' tidy metrics (their run_id and index columns
+keep them apart) and hands the result to the same plot function a single run uses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.core import registry
+from experiments.core.errors import UserError
+from experiments.core.results import (
+    CLAIM_COLUMNS,
+    CLAIMS_FILE,
+    FIGURES_DIR,
+    METRICS_FILE,
+    RUN_FILE,
+    write_csv_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / RUN_FILE).is_file() and (path / METRICS_FILE).is_file()
+
+
+def job_dirs(path: Path) -> list[Path]:
+    """The job folders of a multirun folder (any child that is a run), in job order."""
+    if not path.is_dir():
+        return []
+    jobs = [p for p in path.iterdir() if p.is_dir() and is_run_dir(p)]
+    return sorted(jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+
+
+def experiment_of(run_dir: Path) -> str:
+    return json.loads((run_dir / RUN_FILE).read_text())["experiment"]
+
+
+def render_run(run_dir: Path, exp: registry.Experiment | None = None) -> list[Path]:
+    exp = exp or registry.get(experiment_of(run_dir))
+    metrics = pd.read_csv(run_dir / METRICS_FILE)
+    return exp.plot(metrics, run_dir / FIGURES_DIR)
+
+
+def render_multirun(sweep_dir: Path) -> list[Path]:
+    jobs = job_dirs(sweep_dir)
+    if not jobs:
+        raise UserError(f"{sweep_dir} holds no finished jobs to combine")
+    names = {experiment_of(j) for j in jobs}
+    if len(names) != 1:
+        raise UserError(f"{sweep_dir} mixes experiments {sorted(names)}; plot them one by one")
+    exp = registry.get(names.pop())
+    metrics = pd.concat([pd.read_csv(j / METRICS_FILE) for j in jobs], ignore_index=True)
+    claims = []
+    for j in jobs:
+        if (j / CLAIMS_FILE).is_file():
+            c = pd.read_csv(j / CLAIMS_FILE)
+            c.insert(0, "job", j.name)
+            claims.append(c)
+    if claims:
+        write_csv_atomic(sweep_dir / CLAIMS_FILE, pd.concat(claims, ignore_index=True)[["job", *CLAIM_COLUMNS]])
+    return exp.plot(metrics, sweep_dir / FIGURES_DIR)
+
+
+def render(path: Path) -> list[Path]:
+    """`icl-exp plot PATH`: a run folder or a multirun folder."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path} does not exist")
+    if is_run_dir(path):
+        return render_run(path)
+    if job_dirs(path):
+        return render_multirun(path)
+    raise UserError(f"{path} is not a run folder (no {RUN_FILE} + {METRICS_FILE}) nor a multirun folder")

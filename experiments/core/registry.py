@@ -1,0 +1,53 @@
+"""The experiment registry.
+
+An experiment is a module `experiments/<name>.py` that defines `EXPERIMENT = Experiment(...)`
+next to a config `conf/experiment/<name>.yaml`. Discovery pairs the two, so adding an
+experiment touches no central list. Modules are imported only when used (`list` reads the
+metadata by importing, which is cheap because heavy imports such as transformers are done
+inside functions).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from experiments.core.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONF_DIR = REPO_ROOT / "conf"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    paper: str  # e.g. "Dherin et al."
+    figures: str  # e.g. "Fig. 2"
+    description: str  # one line
+    run: Callable[[DictConfig, object], None]  # run(cfg, ctx: RunContext)
+    plot: Callable[[pd.DataFrame, Path], list[Path]]  # plot(metrics, figures_dir) -> files written
+    validate: Callable[[DictConfig], None] | None = None  # raise UserError on bad config, before a run
+
+
+def experiment_names() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+def get(name: str) -> Experiment:
+    names = experiment_names()
+    if name not in names:
+        raise UserError(f"unknown experiment {name!r}; known: {', '.join(names)}")
+    module = importlib.import_module(f"experiments.{name}")
+    exp = getattr(module, "EXPERIMENT", None)
+    if not isinstance(exp, Experiment) or exp.name != name:
+        raise RuntimeError(f"experiments/{name}.py must define EXPERIMENT = Experiment(name={name!r}, ...)")
+    return exp
+
+
+def all_experiments() -> list[Experiment]:
+    return [get(name) for name in experiment_names()]

@@ -1,0 +1,127 @@
+"""The run directory contract (see DESIGN.md): metrics.csv, claims.csv, run.json, figures/.
+
+`RunContext` is what an experiment's `run(cfg, ctx)` writes through. Metrics are tidy and long:
+one row per measurement, `experiment, run_id, metric, value` plus index columns. They are
+flushed atomically now and then, so a crash keeps what was measured so far.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.core.atomic import write_atomic
+
+METRICS_FILE = "metrics.csv"
+CLAIMS_FILE = "claims.csv"
+RUN_FILE = "run.json"
+FIGURES_DIR = "figures"
+CLAIM_COLUMNS = ["claim", "source", "paper_value", "measured", "tolerance", "passed"]
+METRIC_LEAD_COLUMNS = ["experiment", "run_id", "metric", "value"]
+
+
+def write_csv_atomic(path: Path, frame: pd.DataFrame) -> None:
+    write_atomic(path, lambda p: frame.to_csv(p, index=False))
+
+
+def _as_scalar(value: Any) -> Any:
+    """Tensors and numpy scalars to plain python, so CSVs hold numbers, not reprs."""
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        return value.item()
+    return value
+
+
+@dataclass
+class RunContext:
+    """Where an experiment puts what it measures."""
+
+    run_dir: Path
+    experiment: str
+    run_id: str
+    device: Any = None  # torch.device the run uses (resolved from cfg.device)
+    dtype: Any = None  # torch.dtype the run uses (resolved from cfg.dtype)
+    flush_every_s: float = 10.0
+    _rows: list[dict[str, Any]] = field(default_factory=list)
+    _claims: list[dict[str, Any]] = field(default_factory=list)
+    _last_flush: float = field(default_factory=time.monotonic)
+
+    # -- metrics ---------------------------------------------------------------------------
+    def log(self, metric: str, value: Any, **index: Any) -> None:
+        """One measurement; `index` names what identifies it (step=, layer=, dtype=, ...)."""
+        row = {"experiment": self.experiment, "run_id": self.run_id, "metric": metric,
+               "value": float(_as_scalar(value))}
+        row.update({k: _as_scalar(v) for k, v in index.items()})
+        self._rows.append(row)
+        if time.monotonic() - self._last_flush > self.flush_every_s:
+            self.flush()
+
+    def log_many(self, values: dict[str, Any], **index: Any) -> None:
+        for metric, value in values.items():
+            self.log(metric, value, **index)
+
+    def metrics(self) -> pd.DataFrame:
+        frame = pd.DataFrame(self._rows)
+        if frame.empty:
+            return pd.DataFrame(columns=METRIC_LEAD_COLUMNS)
+        rest = [c for c in frame.columns if c not in METRIC_LEAD_COLUMNS]
+        return frame[METRIC_LEAD_COLUMNS + rest]
+
+    # -- claims ----------------------------------------------------------------------------
+    def claim(self, claim: str, source: str, paper_value: Any, measured: float, tolerance: float,
+              passed: bool) -> bool:
+        """Record a claim of the paper with the number this run measured."""
+        measured = float(_as_scalar(measured))
+        passed = bool(passed) and not math.isnan(measured)
+        self._claims.append(dict(claim=claim, source=source, paper_value=paper_value,
+                                 measured=measured, tolerance=tolerance, passed=passed))
+        return passed
+
+    def claim_at_most(self, claim: str, source: str, paper_value: Any, measured: float,
+                      tolerance: float) -> bool:
+        """Passes when measured <= tolerance."""
+        measured = float(_as_scalar(measured))
+        return self.claim(claim, source, paper_value, measured, tolerance, measured <= tolerance)
+
+    def claim_at_least(self, claim: str, source: str, paper_value: Any, measured: float,
+                       tolerance: float) -> bool:
+        """Passes when measured >= tolerance (the tolerance is the bar to clear)."""
+        measured = float(_as_scalar(measured))
+        return self.claim(claim, source, paper_value, measured, tolerance, measured >= tolerance)
+
+    def claim_within(self, claim: str, source: str, paper_value: float, measured: float,
+                     tolerance: float) -> bool:
+        """Passes when |measured - paper_value| <= tolerance."""
+        measured = float(_as_scalar(measured))
+        return self.claim(claim, source, paper_value, measured, tolerance,
+                          abs(measured - float(paper_value)) <= tolerance)
+
+    def claims(self) -> pd.DataFrame:
+        return pd.DataFrame(self._claims, columns=CLAIM_COLUMNS)
+
+    # -- files -----------------------------------------------------------------------------
+    @property
+    def figures_dir(self) -> Path:
+        return self.run_dir / FIGURES_DIR
+
+    def path(self, name: str) -> Path:
+        """A file of this run (for extra artefacts such as a checkpoint)."""
+        return self.run_dir / name
+
+    def flush(self) -> None:
+        write_csv_atomic(self.run_dir / METRICS_FILE, self.metrics())
+        if self._claims:
+            write_csv_atomic(self.run_dir / CLAIMS_FILE, self.claims())
+        self._last_flush = time.monotonic()
+
+
+def read_metrics(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(Path(run_dir) / METRICS_FILE)
+
+
+def read_claims(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(Path(run_dir) / CLAIMS_FILE)

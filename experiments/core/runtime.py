@@ -1,0 +1,65 @@
+"""Device, dtype and seeding: the three shared config keys every experiment reads."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from experiments.core.errors import UserError
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[str(name).lower()]
+    except KeyError:
+        raise UserError(f"dtype={name!r} is not one of {', '.join(DTYPES)}") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Canonical name: 'float32', 'bfloat16', ... (so `dtype=bf16` and `dtype=bfloat16` tabulate alike)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_device(name: str) -> torch.device:
+    name = str(name).lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"device={name} was asked for but CUDA is not available here; use device=cpu")
+        return torch.device(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise UserError(f"device={name!r} is not one of {', '.join(DEVICES)}")
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return "cpu"
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed python, numpy and torch; return a CPU generator for explicit sampling.
+
+    CPU runs are bit-reproducible for a given seed (single-threaded kernels are deterministic for
+    the ops used here; multi-threaded matmul reductions on CPU are too in practice).
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
