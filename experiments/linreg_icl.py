@@ -1,0 +1,255 @@
+"""linreg_icl — Dherin et al. §4.1–4.2, Fig. 2.
+
+Setup. Train one transformer block (causal 8-head softmax attention, no positional encoding, no
+LayerNorm, MLP φ_W(z) = W′ReLU(Wz + b) + b′ without skip) on prompts
+(x_1, ωᵀx_1, ..., x_N, ωᵀx_N, x_query) with fresh ω ~ N(0, I_d) every batch. At every checkpoint,
+measure the validation loss on a fixed held-out set two ways: with the context, Φ_W(C, x), and
+without it but with W patched by the rank-1 ΔW of Eq. 2, Φ_{W+ΔW}(x). Beside them, the control:
+the unpatched model without context, Φ_W(x). After training, for 100 fresh tasks and every
+point of a grid over (x1, x2), average |Φ_W(C, x) − Φ_{W+ΔW}(x)| (Fig. 2 right).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import DictConfig
+
+from experiments.core.atomic import write_atomic
+from experiments.core.errors import UserError
+from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
+from experiments.core.progress import progress
+from experiments.core.registry import Experiment
+from experiments.core.results import RunContext
+from experiments.core.runtime import dtype_name
+from experiments.data.linreg import make_prompts, sample_prompts
+from experiments.models.linreg import ContextualBlock, attention_block
+from experiments.models.training import TrainSettings, regression_loss, train
+from experiments.patching.linreg import predictions_three_ways
+
+SOURCE = "Dherin §4.2 Fig 2"
+
+
+def build_model(cfg: DictConfig) -> ContextualBlock:
+    m = cfg.model
+    return attention_block(cfg.task.d, d_model=m.d_model, n_heads=m.n_heads, d_mlp=m.d_mlp,
+                           mlp_skip=m.mlp_skip, attn_skip=m.attn_skip)
+
+
+def train_settings(cfg: DictConfig) -> TrainSettings:
+    t = cfg.train
+    return TrainSettings(steps=t.steps, batch_size=t.batch_size, lr=t.lr, eval_every=t.eval_every,
+                         n_examples=cfg.task.n_examples, d=cfg.task.d, weight_decay=t.weight_decay,
+                         grad_clip=t.grad_clip)
+
+
+@torch.no_grad()
+def predictions_in_chunks(model: ContextualBlock, tokens: torch.Tensor, chunk: int) -> dict[str, torch.Tensor]:
+    parts = [predictions_three_ways(model, tokens[i:i + chunk]) for i in range(0, len(tokens), chunk)]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def validation_losses(model: ContextualBlock, val, chunk: int) -> dict[str, float]:
+    preds = predictions_in_chunks(model, val.tokens, chunk)
+    out = {f"val_loss_{k}": regression_loss(v, val.targets).item() for k, v in preds.items()}
+    out["val_max_abs_diff"] = (preds["context"] - preds["patched"]).abs().max().item()
+    return out
+
+
+@torch.no_grad()
+def grid_differences(model: ContextualBlock, cfg: DictConfig, generator: torch.Generator, device, dtype):
+    """Mean over fresh tasks of |Φ_W(C,x) − Φ_{W+ΔW}(x)| (and of the control) at each grid point."""
+    e, d, n = cfg.eval, cfg.task.d, cfg.task.n_examples
+    axis = torch.linspace(-e.grid_range, e.grid_range, e.grid_size)
+    if d != 2:
+        raise UserError("the Fig. 2 grid needs task.d=2")
+    x1, x2 = torch.meshgrid(axis, axis, indexing="ij")
+    points = torch.stack([x1.flatten(), x2.flatten()], dim=-1)  # (G², 2)
+    G = len(points)
+    sums = {"patched": torch.zeros(G, dtype=torch.float64), "no_context": torch.zeros(G, dtype=torch.float64),
+            "output": torch.zeros(G, dtype=torch.float64)}
+    with progress(e.grid_tasks, "grid") as bar:
+        for _ in range(e.grid_tasks):
+            w = torch.randn(1, d, generator=generator)
+            xs = torch.randn(1, n, d, generator=generator)
+            batch = make_prompts(w.expand(G, d), xs.expand(G, n, d), points).to(device, dtype)
+            p = predictions_in_chunks(model, batch.tokens, e.chunk)
+            y = p["context"].double().cpu()
+            sums["patched"] += (y - p["patched"].double().cpu()).abs()
+            sums["no_context"] += (y - p["no_context"].double().cpu()).abs()
+            sums["output"] += y.abs()
+            bar.advance(1)
+    means = {k: (v / e.grid_tasks).numpy() for k, v in sums.items()}
+    return points.numpy(), means
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> None:
+    device, dtype = ctx.device, ctx.dtype
+    index = dict(seed=cfg.seed, dtype=dtype_name(dtype), mlp_skip=bool(cfg.model.mlp_skip))
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg).to(device, dtype)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    val = sample_prompts(cfg.eval.n_val_tasks, cfg.task.n_examples, cfg.task.d,
+                         torch.Generator().manual_seed(cfg.eval.val_seed)).to(device, dtype)
+    zero_loss = regression_loss(torch.zeros_like(val.targets), val.targets).item()
+
+    def on_step(step: int, loss: float) -> None:
+        ctx.log("train_loss", loss, step=step, **index)
+
+    def evaluate(step: int) -> str:
+        losses = validation_losses(model, val, cfg.eval.chunk)
+        ctx.log_many(losses, step=step, **index)
+        ctx.log("val_loss_zero_predictor", zero_loss, step=step, **index)
+        return f"val {losses['val_loss_context']:.4f} | ΔW {losses['val_loss_patched']:.4f}"
+
+    train(model, train_settings(cfg), gen, device, dtype, on_step, evaluate)
+    model.eval()
+    save_checkpoint(model, cfg, ctx.path("model.pt"))
+
+    points, means = grid_differences(model, cfg, gen, device, dtype)
+    for (x1, x2), dp, dc, out in zip(points, means["patched"], means["no_context"], means["output"], strict=True):
+        ctx.log("grid_abs_diff_patched", dp, x1=x1, x2=x2, **index)
+        ctx.log("grid_abs_diff_no_context", dc, x1=x1, x2=x2, **index)
+        ctx.log("grid_abs_output", out, x1=x1, x2=x2, **index)
+    check_claims(ctx, dtype, means, zero_loss)
+
+
+def check_claims(ctx: RunContext, dtype: torch.dtype, grid: dict[str, np.ndarray], zero_loss: float) -> None:
+    m = ctx.metrics()
+    val = m[m["metric"].str.startswith("val_loss")].pivot_table(index="step", columns="metric", values="value")
+    eps = torch.finfo(dtype).eps
+    rel_gap = ((val["val_loss_context"] - val["val_loss_patched"]).abs() / val["val_loss_context"]).max()
+    ctx.claim_at_most(
+        "validation loss with context = via ΔW at every checkpoint "
+        f"(max relative gap; tolerance 1000 eps of {dtype_name(dtype)})",
+        SOURCE + " left/middle", "equal", rel_gap, 1000 * eps)
+    scale = max(1.0, float(grid["output"].max()))
+    ctx.claim_at_most(
+        "|Φ_W(C,x) − Φ_(W+ΔW)(x)| on the (x1,x2) grid, mean over tasks, max over grid "
+        f"(tolerance 100 eps × max|ŷ|={scale:.2g})",
+        SOURCE + " right", "1e-7", grid["patched"].max(), 100 * eps * scale)
+    orders = math.log10(grid["no_context"].mean() / max(grid["patched"].mean(), 1e-300))
+    ctx.claim_at_least(
+        "control (unpatched, no context) is worse than the patch by orders of magnitude "
+        "(log10 ratio of mean grid errors)",
+        SOURCE + " (control)", "n/a", orders, 3.0)
+    final = val.iloc[-1]
+    ctx.claim_at_most(
+        "the model learned the task: final validation loss / zero-predictor loss",
+        "Dherin §4.1", "small", final["val_loss_context"] / zero_loss, 0.1)
+
+
+def save_checkpoint(model: ContextualBlock, cfg: DictConfig, path: Path) -> None:
+    """Weights + the config that built them, so later experiments can load them (checkpoint=PATH)."""
+    from omegaconf import OmegaConf
+
+    blob = {"state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
+            "task": OmegaConf.to_container(cfg.task), "model": OmegaConf.to_container(cfg.model)}
+    write_atomic(path, lambda p: torch.save(blob, p))
+
+
+# -- figure ------------------------------------------------------------------------------------
+
+SERIES = {
+    "train_loss": ("train loss", dict(color="0.6", lw=0.6, alpha=0.7)),
+    "val_loss_context": ("validation loss (with context)", dict(color="C0", lw=1.6)),
+    "val_loss_patched": ("validation loss (computed via ΔW)", dict(color="C1", lw=1.2, ls="--")),
+    "val_loss_no_context": ("control: unpatched, no context", dict(color="C3", lw=1.0, ls=":")),
+}
+
+
+def _label(frame: pd.DataFrame) -> pd.Series:
+    """One series per (dtype, mlp_skip) configuration; seeds are averaged."""
+    skip = frame["mlp_skip"].map({True: " MLP skip", False: ""}).fillna("")
+    return frame["dtype"].astype(str) + skip
+
+
+def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    metrics = metrics.copy()
+    metrics["config"] = _label(metrics)
+    configs = sorted(metrics["config"].unique())
+    fig, axes = new_figure(4, width=3.5, height=3.0)
+    ax_loss, ax_close, ax_heat, ax_ctrl = axes[0]
+    for ci, config in enumerate(configs):
+        sub = metrics[metrics["config"] == config]
+        suffix = f" [{config}]" if len(configs) > 1 else ""
+        for name, (label, style) in SERIES.items():
+            s = metric(sub, name)
+            if s.empty:
+                continue
+            if name == "train_loss":  # a running mean keeps the noisy per-step loss readable
+                s = s.sort_values("step")
+                s = s.assign(value=s.groupby("run_id")["value"].transform(lambda v: v.rolling(25, 1).mean()))
+            agg = mean_sem(s, "step")
+            ax_loss.plot(agg["step"], agg["mean"], label=label + suffix, **style)
+            if name in ("val_loss_context", "val_loss_patched"):
+                ax_close.errorbar(agg["step"], agg["mean"], yerr=agg["sem"], label=label + suffix,
+                                  marker="o" if name.endswith("context") else "x", ms=3.5,
+                                  ls=style.get("ls", "-"), color=f"C{2 * ci + (name.endswith('patched'))}",
+                                  lw=1, capsize=0)
+        zero = metric(sub, "val_loss_zero_predictor")
+        if not zero.empty and ci == 0:
+            ax_loss.axhline(zero["value"].mean(), color="k", lw=0.6, ls="-.", label="zero predictor")
+    ax_loss.set(yscale="log", xlabel="training step", ylabel="loss", title="Train and validation loss")
+    ax_loss.legend(loc="upper right", fontsize=6.5)
+    close = metrics[metrics["metric"].isin(["val_loss_context", "val_loss_patched"])]
+    if not close.empty:
+        late = close[close["step"] >= close["step"].max() * 0.3]
+        lo, hi = late["value"].min(), late["value"].max()
+        ax_close.set_ylim(lo - 0.05 * (hi - lo + 1e-12), hi + 0.05 * (hi - lo + 1e-12))
+        ax_close.set_xlim(close["step"].max() * 0.3, close["step"].max() * 1.02)
+        gap = metrics[metrics["metric"] == "val_max_abs_diff"]["value"].max()
+        ax_close.text(0.03, 0.95, f"max |ŷ_ctx − ŷ_ΔW| = {gap:.1e}", transform=ax_close.transAxes,
+                      va="top", fontsize=7.5)
+    ax_close.set(xlabel="training step", ylabel="validation loss", title="Close-up: with context vs via ΔW")
+    ax_close.legend(loc="upper right", fontsize=6.5)
+    _heat(fig, ax_heat, metric(metrics, "grid_abs_diff_patched"),
+          r"$|\Phi_W(C,x) - \Phi_{W+\Delta W}(x)|$" + "\n(mean over tasks)")
+    _heat(fig, ax_ctrl, metric(metrics, "grid_abs_diff_no_context"),
+          r"control: $|\Phi_W(C,x) - \Phi_W(x)|$" + "\n(unpatched, no context)")
+    return save_figure(fig, figures_dir, "fig2_linreg_icl")
+
+
+def _heat(fig, ax, frame: pd.DataFrame, title: str) -> None:
+    if frame.empty:
+        ax.set_axis_off()
+        return
+    grid = frame.groupby(["x1", "x2"])["value"].mean().unstack("x2")  # averaged over runs too
+    x1, x2 = grid.index.to_numpy(), grid.columns.to_numpy()
+    im = ax.imshow(grid.to_numpy().T, origin="lower", aspect="auto", cmap="viridis",
+                   extent=(x1.min(), x1.max(), x2.min(), x2.max()))
+    cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    cb.formatter.set_powerlimits((-2, 2))
+    cb.update_ticks()
+    ax.set(xlabel="$x_1$", ylabel="$x_2$", title=title)
+    ax.grid(False)
+
+
+def validate(cfg: DictConfig) -> None:
+    if cfg.task.d != 2:
+        raise UserError(f"task.d={cfg.task.d}: Fig. 2's grid is over (x1, x2), so linreg_icl needs task.d=2")
+    if cfg.model.d_model % cfg.model.n_heads:
+        raise UserError(f"model.d_model={cfg.model.d_model} must be divisible by model.n_heads={cfg.model.n_heads}")
+    for key in ("train.steps", "train.batch_size", "train.eval_every", "task.n_examples", "eval.n_val_tasks",
+                "eval.grid_tasks", "eval.grid_size", "eval.chunk"):
+        section, name = key.split(".")
+        if int(cfg[section][name]) < 1:
+            raise UserError(f"{key}={cfg[section][name]} must be at least 1")
+    if cfg.eval.grid_size % 2:
+        raise UserError(f"eval.grid_size={cfg.eval.grid_size} must be even: an odd grid contains x = 0, "
+                        "where A(x) = 0 and the patch ΔW is undefined (Theorem 2.2 needs A(x) ≠ 0)")
+
+
+EXPERIMENT = Experiment(
+    name="linreg_icl",
+    paper="Dherin et al.",
+    figures="Fig. 2",
+    description="in-context linear regression: prediction with context = prediction via the rank-1 ΔW patch",
+    run=run,
+    plot=plot,
+    validate=validate,
+)

@@ -1,0 +1,116 @@
+"""linreg_icl end to end through the CLI at preset=smoke, asserting on the run folder contract."""
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+import yaml
+
+from experiments.core.results import CLAIM_COLUMNS
+
+FIGURE = "fig2_linreg_icl"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path_factory.mktemp("linreg") / "run"
+    proc = run_cli("run", "linreg_icl", "preset=smoke", "seed=3", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_run_folder_follows_the_contract(smoke_run):
+    for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf",
+                 ".hydra/config.yaml", ".hydra/overrides.yaml"):
+        assert (smoke_run / name).is_file(), name
+    record = json.loads((smoke_run / "run.json").read_text())
+    assert record["status"] == "complete"
+    assert record["seed"] == 3 and record["dtype"] == "float32" and record["device"] == "cpu"
+    assert record["preset"] == "smoke"
+    assert "seed=3" in record["overrides"]
+    assert record["git"].keys() == {"commit", "dirty"}
+    assert record["packages"]["torch"] and record["wall_time_s"] > 0
+    cfg = yaml.safe_load((smoke_run / ".hydra/config.yaml").read_text())
+    assert cfg["train"]["steps"] == 30 and cfg["task"]["n_examples"] == 20  # the smoke preset applied
+
+
+def test_metrics_are_tidy_and_complete(smoke_run):
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    assert list(m.columns[:4]) == ["experiment", "run_id", "metric", "value"]
+    assert (m["experiment"] == "linreg_icl").all() and m["run_id"].nunique() == 1
+    train = m[m.metric == "train_loss"]
+    assert sorted(train.step) == list(range(1, 31))
+    checkpoints = m[m.metric == "val_loss_context"].step.tolist()
+    assert checkpoints == [0, 10, 20, 30]
+    for name in ("val_loss_patched", "val_loss_no_context", "val_max_abs_diff", "val_loss_zero_predictor"):
+        assert m[m.metric == name].step.tolist() == checkpoints, name
+    val = m[m.metric.str.startswith("val_loss")].pivot_table(index="step", columns="metric", values="value")
+    # with context and via ΔW agree; the control (no context, no patch) does not
+    rel = (val.val_loss_context - val.val_loss_patched).abs() / val.val_loss_context
+    assert rel.max() < 1e-4
+    assert (m[m.metric == "val_max_abs_diff"].value < 1e-4).all()
+    assert ((val.val_loss_no_context - val.val_loss_context).abs() / val.val_loss_context).min() > 1e-3
+    grid = m[m.metric == "grid_abs_diff_patched"]
+    assert len(grid) == 36 and grid.x1.nunique() == 6 and (grid.x1 != 0).all()
+    assert grid.value.max() < 1e-5
+    ctrl = m[m.metric == "grid_abs_diff_no_context"]
+    assert ctrl.value.mean() > 1e3 * grid.value.mean()
+
+
+def test_claims_are_measured(smoke_run):
+    c = pd.read_csv(smoke_run / "claims.csv")
+    assert list(c.columns) == CLAIM_COLUMNS
+    assert len(c) == 4
+    by_source = dict(zip(c.source, c.passed, strict=True))
+    assert by_source["Dherin §4.2 Fig 2 left/middle"] and by_source["Dherin §4.2 Fig 2 right"]
+    assert by_source["Dherin §4.2 Fig 2 (control)"]
+    # 30 steps do not teach the task: the claim says so rather than pretending
+    learned = c[c.source == "Dherin §4.1"].iloc[0]
+    assert not learned.passed and learned.measured > 0.1
+
+
+def test_plot_rerenders_from_csvs_alone(smoke_run, tmp_path, icl):
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_run, copy)
+    shutil.rmtree(copy / "figures")
+    (copy / "model.pt").unlink()  # nothing but the CSVs and run.json is needed
+    proc = icl("plot", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    for ext in ("png", "pdf"):
+        assert (copy / "figures" / f"{FIGURE}.{ext}").stat().st_size > 1000
+
+
+def test_mlp_skip_and_float64(icl, tmp_path):
+    """Theorem B.2's block (ΔW and Δb′ = δA) and a float64 run, where 'equal' means 1e-13."""
+    run_dir = tmp_path / "run"
+    proc = icl("run", "linreg_icl", "preset=smoke", "model.mlp_skip=true", "dtype=float64",
+               f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = pd.read_csv(run_dir / "metrics.csv")
+    assert m[m.metric == "grid_abs_diff_patched"].value.max() < 1e-12
+    assert m[m.metric == "val_max_abs_diff"].value.max() < 1e-12
+    assert (m.dtype == "float64").all() and m.mlp_skip.all()
+
+
+def test_multirun_of_two_seeds_is_combined(icl, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = icl("run", "linreg_icl", "-m", "preset=smoke", "seed=0,1", "train.steps=10", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if (p / "run.json").exists())
+    assert jobs == ["0", "1"]
+    seeds = [json.loads((sweep / j / "run.json").read_text())["seed"] for j in jobs]
+    assert seeds == [0, 1]
+    combined = pd.read_csv(sweep / "claims.csv")
+    assert sorted(combined.job.unique().astype(str)) == ["0", "1"]
+    assert (sweep / "figures" / f"{FIGURE}.png").is_file()
+    (sweep / "figures" / f"{FIGURE}.png").unlink()
+    proc = icl("plot", str(sweep))
+    assert proc.returncode == 0, proc.stderr
+    assert (sweep / "figures" / f"{FIGURE}.png").is_file()
+    m0 = pd.read_csv(sweep / "0" / "metrics.csv")
+    m1 = pd.read_csv(sweep / "1" / "metrics.csv")
+    assert m0.run_id.iloc[0] != m1.run_id.iloc[0]
+    assert not m0[m0.metric == "train_loss"].value.equals(m1[m1.metric == "train_loss"].value)
