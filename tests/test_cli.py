@@ -14,6 +14,22 @@ from experiments.core.figures import render
 from experiments.core.registry import Experiment
 
 
+class _Result:
+    def __init__(self, r):
+        self.returncode, self.stdout, self.stderr = r.exit_code, r.stdout, r.stderr
+
+
+@pytest.fixture
+def icl_inprocess():
+    """The CLI in this process: fast, for the errors raised before Hydra starts a run."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    runner = CliRunner()
+    return lambda *args: _Result(runner.invoke(app, list(args)))
+
+
 def assert_one_line_error(proc, *fragments):
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -31,8 +47,8 @@ def test_list_shows_every_experiment(icl):
     assert "Dherin et al." in proc.stdout and "Fig. 2" in proc.stdout
 
 
-def test_unknown_experiment_lists_known_ones(icl, tmp_path):
-    proc = icl("run", "no_such_thing", f"hydra.run.dir={tmp_path / 'run'}")
+def test_unknown_experiment_lists_known_ones(icl_inprocess, tmp_path):
+    proc = icl_inprocess("run", "no_such_thing", f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(proc, "unknown experiment 'no_such_thing'", "linreg_icl")
     assert not (tmp_path / "run").exists()
 
@@ -52,29 +68,29 @@ def test_unknown_experiment_lists_known_ones(icl, tmp_path):
         ("eval.grid_size=7", "eval.grid_size=7 must be even"),
     ],
 )
-def test_bad_override_is_named(icl, tmp_path, override, fragment):
-    proc = icl("run", "linreg_icl", "preset=smoke", override, f"hydra.run.dir={tmp_path / 'run'}")
+def test_bad_override_is_named(icl_inprocess, tmp_path, override, fragment):
+    proc = icl_inprocess("run", "linreg_icl", "preset=smoke", override, f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(proc, fragment)
     assert not (tmp_path / "run").exists()
 
 
-def test_bad_value_inside_a_sweep_is_caught_before_any_job(icl, tmp_path):
-    proc = icl("run", "linreg_icl", "-m", "preset=smoke", "seed=0,x", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+def test_bad_value_inside_a_sweep_is_caught_before_any_job(icl_inprocess, tmp_path):
+    proc = icl_inprocess("run", "linreg_icl", "-m", "preset=smoke", "seed=0,x", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert_one_line_error(proc, "seed='x' is ill-typed")
     assert not (tmp_path / "sweep").exists()
 
 
-def test_unwritable_output_folder(icl, tmp_path):
+def test_unwritable_output_folder(icl_inprocess, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    proc = icl("run", "linreg_icl", "preset=smoke", f"hydra.run.dir={blocker / 'run'}")
+    proc = icl_inprocess("run", "linreg_icl", "preset=smoke", f"hydra.run.dir={blocker / 'run'}")
     assert_one_line_error(proc, "cannot write the output folder", "is not a folder")
 
 
-def test_plot_on_a_folder_that_is_not_a_run(icl, tmp_path):
-    proc = icl("plot", str(tmp_path))
+def test_plot_on_a_folder_that_is_not_a_run(icl, icl_inprocess, tmp_path):
+    proc = icl("plot", str(tmp_path))  # once through the real entry point
     assert_one_line_error(proc, "is not a run folder")
-    proc = icl("plot", str(tmp_path / "missing"))
+    proc = icl_inprocess("plot", str(tmp_path / "missing"))
     assert_one_line_error(proc, "does not exist")
 
 
@@ -124,6 +140,20 @@ def test_a_run_that_dies_is_marked_failed_and_keeps_its_metrics(tmp_path, monkey
     assert not list(tmp_path.glob(".*.tmp"))  # no half-written temp files
 
 
-def test_render_refuses_mixed_multirun(tmp_path):
+def test_render_refuses_an_empty_folder(tmp_path):
     with pytest.raises(UserError):
         render(Path(tmp_path))
+
+
+def test_launcher_configs_compose():
+    """`hydra/launcher=parallel` (joblib) composes; `slurm` needs the optional extra."""
+    from cli.overrides import validate
+
+    cfg = validate("linreg_icl", ["preset=smoke", "hydra/launcher=parallel"])
+    assert "JoblibLauncher" in cfg.hydra.launcher._target_ and cfg.hydra.launcher.n_jobs == 2
+    try:
+        import hydra_plugins.hydra_submitit_launcher  # noqa: F401
+    except ImportError:
+        pytest.skip("hydra-submitit-launcher (the slurm extra) is not installed")
+    cfg = validate("linreg_icl", ["preset=smoke", "hydra/launcher=slurm"])
+    assert "SlurmLauncher" in cfg.hydra.launcher._target_ and cfg.hydra.launcher.gpus_per_node == 1

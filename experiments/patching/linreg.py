@@ -7,10 +7,9 @@ dtype, vectorized over tasks with `vmap` because every task has its own patch.
 
 from __future__ import annotations
 
-import warnings
-
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from experiments.patching.rank1 import context_patch, context_patch_skip
 
@@ -32,6 +31,11 @@ def patched_params(model: nn.Module, tokens: Tensor, n_removed: int | None = Non
     Each value has a leading task dimension B.
     """
     a_full, a_reduced = contextual_outputs(model, tokens, n_removed)
+    return patch_from(model, a_full, a_reduced)
+
+
+def patch_from(model: nn.Module, a_full: Tensor, a_reduced: Tensor) -> dict[str, Tensor]:
+    """The patched parameters given A(C, x) and A(C∖Y, x) (each (B, d_in))."""
     W = model.mlp.w1.weight
     if getattr(model, "mlp_skip", False):
         dW, db = context_patch_skip(W, a_full, a_reduced)
@@ -45,21 +49,27 @@ def forward_with(model: nn.Module, params: dict[str, Tensor], tokens: Tensor) ->
     def one(p: dict[str, Tensor], t: Tensor) -> Tensor:
         return functional_call(model, p, (t.unsqueeze(0),)).squeeze(0)
 
-    with warnings.catch_warnings():
-        # The fused CPU attention kernel has no vmap rule yet, so torch loops over tasks for that
-        # one op (correct, and cheap for the short no-context prompts); its warning is noise here.
-        warnings.filterwarnings("ignore", message=".*batching rule.*scaled_dot_product")
+    # The fused CPU attention kernel has no vmap rule, so torch would loop over tasks one by one;
+    # the math backend of the same op batches (identical numbers here, ~8x faster).
+    with sdpa_kernel(SDPBackend.MATH):
         return vmap(one)(params, tokens)
 
 
-def predictions_three_ways(model: nn.Module, tokens: Tensor) -> dict[str, Tensor]:
+def predictions_three_ways(model: nn.Module, tokens: Tensor, cache=None) -> dict[str, Tensor]:
     """ŷ for each prompt: with its context, via the patch without context, and the control
-    (unpatched, without context). All genuine forward passes."""
+    (unpatched, without context). All genuine forward passes of the model.
+
+    With `cache` (keys/values of one context shared by every prompt, see AttentionContextual.cache)
+    `tokens` holds only the query tokens (B, 1, d_in): many queries against one context, cheaply.
+    """
     from experiments.models.linreg import predict
 
     query = tokens[:, -1:]
+    a_full = model.contextual(tokens) if cache is None else model.contextual(query, cache)
+    a_query = model.contextual(query)
+    params = patch_from(model, a_full[:, -1], a_query[:, -1])
     return {
-        "context": predict(model(tokens)),
-        "patched": predict(forward_with(model, patched_params(model, tokens), query)),
-        "no_context": predict(model(query)),
+        "context": predict(model.head(a_full)),
+        "patched": predict(forward_with(model, params, query)),
+        "no_context": predict(model.head(a_query)),
     }
