@@ -91,3 +91,19 @@ def test_removing_only_part_of_the_context(rng):
     params = patched_params(model, batch.tokens, n_removed=k)
     out = forward_with(model, params, batch.tokens[:, k:])[:, -1]
     torch.testing.assert_close(out, model(batch.tokens)[:, -1], rtol=0, atol=1e-12)
+
+
+def test_many_queries_against_one_cached_context(rng):
+    """The KV-cached path (used on Fig. 2's grid) gives the full-prompt numbers, all three ways."""
+    from experiments.data.linreg import make_prompts
+
+    torch.manual_seed(3)
+    model = attention_block(2).double()
+    one = sample_prompts(1, 25, 2, rng, torch.float64)
+    xq = torch.randn(40, 2, generator=rng)
+    prompts = make_prompts(one.weights.expand(40, 2), one.tokens[:, :-1, :2].expand(40, 25, 2), xq)
+    full = predictions_three_ways(model, prompts.tokens)
+    cached = predictions_three_ways(model, prompts.tokens[:, -1:], cache=model.contextual.cache(one.context))
+    for way in full:
+        torch.testing.assert_close(cached[way], full[way], rtol=0, atol=1e-13)
+    torch.testing.assert_close(full["context"], predict(model(prompts.tokens)), rtol=0, atol=0)
