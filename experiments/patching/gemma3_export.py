@@ -1,0 +1,72 @@
+"""A Hugging Face checkpoint with one prompt's context moved into its weights (`icl-exp patch export`).
+
+For a prompt (context C, last token x) Algorithm 1 gives every decoder layer its patched W_gate, W_up,
+post-feed-forward scale (and W_down, stable variant). They are written into the model, which is saved
+with `save_pretrained`: stock `AutoModelForCausalLM.from_pretrained(DIR/patched)` loads it, and fed
+x alone it gives the original model's next-token logits after the whole prompt.
+
+DIR/patched   the patched checkpoint (safetensors + config + tokenizer)
+DIR/base      the original model, for random models that exist nowhere else
+DIR/inputs.json  context_ids, query_id, and what was checked at export time
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from experiments.core.atomic import write_json_atomic
+from experiments.core.errors import UserError
+from experiments.models.gemma import GemmaBundle, encode_prompt
+from experiments.patching.gemma3_generate import GemmaPatcher, logit_comparison
+
+PAPER_PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
+
+
+@torch.no_grad()
+def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str = "naive",
+                   chat_template: bool = True) -> dict:
+    """Write DIR/patched (+ DIR/base for random models) and DIR/inputs.json; return the summary."""
+    if bundle.multimodal:
+        raise UserError("patch export writes text-only checkpoints (Gemma3ForCausalLM); "
+                        f"{bundle.name} is multimodal")
+    model, tok = bundle.model, bundle.tokenizer
+    device = next(model.parameters()).device
+    ids = encode_prompt(bundle, prompt, None, chat_template, device)["input_ids"]
+    if ids.shape[1] < 2:
+        raise UserError("the prompt must have at least two tokens: a context and the query token")
+    out_dir = Path(out_dir)
+    if bundle.is_random:
+        model.save_pretrained(out_dir / "base")
+        tok.save_pretrained(out_dir / "base")
+
+    patcher = GemmaPatcher(model, variant)
+    cache = patcher.prefill({"input_ids": ids[:, :-1]})
+    query = ids[:, -1:]
+    reference, caps, _ = patcher.context_step({"input_ids": query}, cache)
+    patched_tensors: dict[str, torch.Tensor] = {}
+    result = patcher.patched_pass(query, caps, keep=patched_tensors)
+    decoder_params = dict(patcher.lm.named_parameters())
+    for name, tensor in patched_tensors.items():
+        decoder_params[name].copy_(tensor)  # the model is ours (loaded for this export): patch in place
+    model.save_pretrained(out_dir / "patched")
+    tok.save_pretrained(out_dir / "patched")
+
+    check = logit_comparison(reference, result.logits)
+    summary = {
+        "model": bundle.name, "prompt": prompt, "variant": variant,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "context_ids": ids[0, :-1].tolist(), "query_id": int(query),
+        "reference_top1": int(reference.argmax()),
+        "logit_linf_at_export": check["logit_linf"], "top1_match_at_export": bool(check["top1_match"]),
+        "div_zero": result.div_zero, "no_root": result.no_root,
+        "has_base": bundle.is_random,
+    }
+    write_json_atomic(out_dir / "inputs.json", summary)
+    return summary
+
+
+def read_inputs(out_dir: Path) -> dict:
+    return json.loads((Path(out_dir) / "inputs.json").read_text())
