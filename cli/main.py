@@ -75,8 +75,27 @@ def run(
 
     from cli import hydra_app
 
-    sys.argv = ["icl-exp", f"experiment={name}", *overrides, *(["--multirun"] if multirun else [])]
+    # Hydra's parser takes the overrides before its own flags (`--cfg job`, `--info`, ...).
+    flags = _hydra_flags(overrides)
+    plain = [o for o in overrides if o not in flags]
+    sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags, *(["--multirun"] if multirun else [])]
     hydra_app.main()
+
+
+def _hydra_flags(args: list[str]) -> list[str]:
+    """Hydra's own flags in `args`, with the word that follows those taking one (`--cfg job`)."""
+    flags: list[str] = []
+    takes_value = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
+                   "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+    i = 0
+    while i < len(args):
+        if args[i].startswith("-"):
+            flags.append(args[i])
+            if args[i] in takes_value and i + 1 < len(args) and "=" not in args[i + 1]:
+                flags.append(args[i + 1])
+                i += 1
+        i += 1
+    return flags
 
 
 @app.command()

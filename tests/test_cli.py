@@ -157,3 +157,10 @@ def test_launcher_configs_compose():
         pytest.skip("hydra-submitit-launcher (the slurm extra) is not installed")
     cfg = validate("linreg_icl", ["preset=smoke", "hydra/launcher=slurm"])
     assert "SlurmLauncher" in cfg.hydra.launcher._target_ and cfg.hydra.launcher.gpus_per_node == 1
+
+
+def test_hydra_flags_pass_through(icl, tmp_path):
+    """`--cfg job` reaches Hydra's own parser wherever it stands, and runs nothing."""
+    proc = icl("run", "linreg_icl", "--cfg", "job", "preset=smoke", "train.steps=7")
+    assert proc.returncode == 0, proc.stderr
+    assert "steps: 7" in proc.stdout and "n_examples: 20" in proc.stdout
