@@ -1,0 +1,319 @@
+"""dw_convergence — Dherin et al. §3, §4.3, Fig. 3 (Proposition 3.1).
+
+Setup. Take linreg_icl's trained one-block transformer (trained in the run with linreg_icl's
+settings, or loaded with checkpoint=PATH) and 100 fresh tasks. For every task and every prefix
+C_i = [c_1..c_i] of its context (i = 1..N) compute the patch (ΔW)_i = ΔW(C_i) of Cor. 2.5.1,
+so Φ_W(C_i, x) = Φ_{W+(ΔW)_i}(x) (checked by a forward pass of the patched weights). Plot
+‖(ΔW)_{i+1} − (ΔW)_i‖ (operator 2-norm and Frobenius) against i, mean ± s.e. over tasks. Check
+Prop. 3.1: W_{i+1} = W_i − h ∇_W trace(Δ_iᵀ W), h = 1/‖A(x)‖², gradient by autograd. The
+control: the same measurement on the untrained model (same architecture, its initial weights),
+because a softmax average over i tokens moves by O(1/i) per added token whether or not it learned.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.core.errors import UserError
+from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
+from experiments.core.progress import progress
+from experiments.core.registry import Experiment
+from experiments.core.results import RunContext
+from experiments.core.runtime import dtype_name
+from experiments.data.linreg import sample_prompts
+from experiments.linreg_icl import build_model, save_checkpoint, train_settings, validation_losses
+from experiments.models.linreg import ContextualBlock
+from experiments.models.training import regression_loss, train
+from experiments.patching.dynamics import (
+    increment_norms,
+    prefix_contextual_outputs,
+    prefix_patches_from_outputs,
+    prop31_deltas,
+    prop31_step,
+)
+from experiments.patching.linreg import W_NAME, forward_with
+
+SOURCE = "Dherin §4.3 Fig 3"
+
+# -- the pretrained model (shared by dw_convergence, finetune_compare and factorization) -----------
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """RUN_DIR/model.pt for a linreg_icl run folder, or the file itself."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "model.pt"
+    if not p.is_file():
+        raise UserError(f"checkpoint={path}: no such file (give a linreg_icl run folder or its model.pt)")
+    return p
+
+
+def load_checkpoint(path: str | Path) -> tuple[ContextualBlock, DictConfig]:
+    """The model saved by linreg_icl.save_checkpoint, and the task/model config that built it."""
+    file = checkpoint_file(path)
+    try:
+        blob = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # a corrupt or foreign file: say so in one line
+        raise UserError(f"checkpoint={path}: not a linreg_icl checkpoint ({type(err).__name__})") from None
+    if not isinstance(blob, dict) or not {"state_dict", "task", "model"} <= blob.keys():
+        raise UserError(f"checkpoint={path}: not a linreg_icl checkpoint (expected keys state_dict, task, model)")
+    built = OmegaConf.create({"task": blob["task"], "model": blob["model"]})
+    model = build_model(built)
+    try:
+        model.load_state_dict(blob["state_dict"])
+    except RuntimeError as err:
+        raise UserError(f"checkpoint={path}: weights do not fit the saved model config ({err})") from None
+    return model, built
+
+
+def validate_checkpoint(cfg: DictConfig) -> None:
+    if cfg.get("checkpoint"):
+        _, built = load_checkpoint(cfg.checkpoint)
+        if built.task.d != cfg.task.d:
+            raise UserError(f"checkpoint={cfg.checkpoint} was trained with task.d={built.task.d}, "
+                            f"not task.d={cfg.task.d}; pass task.d={built.task.d}")
+
+
+def pretrained_block(cfg: DictConfig, ctx: RunContext) -> tuple[ContextualBlock, DictConfig]:
+    """checkpoint=PATH loaded, or linreg_icl's model trained here exactly as linreg_icl trains it
+    (same seed → same weights), saved to RUN_DIR/model.pt so the next run can load it. Returns the
+    model (eval mode, frozen) and the task/model config that built it.
+
+    Validation losses at every checkpoint are logged (step=...) and one claim checks the model
+    learned the task, whichever way it came.
+    """
+    device, dtype = ctx.device, ctx.dtype
+    index = dict(seed=cfg.seed, dtype=dtype_name(dtype))
+    val = sample_prompts(cfg.eval.n_val_tasks, cfg.task.n_examples, cfg.task.d,
+                         torch.Generator().manual_seed(cfg.eval.val_seed)).to(device, dtype)
+
+    def evaluate(step: int) -> str:
+        losses = validation_losses(model, val, cfg.eval.chunk)
+        ctx.log_many({k: v for k, v in losses.items() if k.startswith("val_loss")}, step=step, **index)
+        return f"val {losses['val_loss_context']:.4f}"
+
+    built = OmegaConf.create({"task": OmegaConf.to_container(cfg.task), "model": OmegaConf.to_container(cfg.model)})
+    if cfg.get("checkpoint"):
+        model, built = load_checkpoint(cfg.checkpoint)
+        model = model.to(device, dtype).eval()
+        evaluate(-1)  # step −1: loaded, not trained here
+    else:
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg).to(device, dtype)
+        train(model, train_settings(cfg), torch.Generator().manual_seed(cfg.seed), device, dtype,
+              lambda step, loss: None, evaluate)
+        model.eval()
+        save_checkpoint(model, cfg, ctx.path("model.pt"))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    zero = regression_loss(torch.zeros_like(val.targets), val.targets).item()
+    final = validation_losses(model, val, cfg.eval.chunk)["val_loss_context"]
+    ctx.claim_at_most("the model learned the task: validation loss with context / zero-predictor loss",
+                      "Dherin §4.1", "small", final / zero, 0.1)
+    return model, built
+
+
+def untrained_block(built: DictConfig, seed: int, ctx: RunContext) -> ContextualBlock:
+    """The control: the same architecture at its initialization (as linreg_icl builds it for `seed`)."""
+    torch.manual_seed(seed)
+    init = build_model(built).to(ctx.device, ctx.dtype).eval()
+    for p in init.parameters():
+        p.requires_grad_(False)
+    return init
+
+
+# -- the measurement -------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def patch_errors(model: ContextualBlock, query: torch.Tensor, a_prefix: torch.Tensor, patches: torch.Tensor,
+                 chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per prefix length i: max over tasks of |Φ_W(C_i, x) − Φ_{W+(ΔW)_i}(x)| and of the control
+    |Φ_W(C_i, x) − Φ_W(x)|. The patched side is a forward pass of the patched weights on x alone."""
+    B, N = patches.shape[:2]
+    with_context = model.mlp(a_prefix[:, 1:])  # Φ_W(C_i, x) = φ_W(A(C_i, x)), the block's own forward
+    W = model.mlp.w1.weight + patches.reshape(B * N, *patches.shape[2:])
+    queries = query.repeat_interleave(N, dim=0)  # task-major, like the flattened patches
+    patched = torch.cat([forward_with(model, {W_NAME: W[i:i + chunk]}, queries[i:i + chunk])[:, -1]
+                         for i in range(0, B * N, chunk)]).reshape(B, N, -1)
+    no_context = model(query)[:, -1:]
+    err = (patched - with_context).abs().amax(dim=(0, 2))
+    ctrl = (no_context - with_context).abs().amax(dim=(0, 2))
+    return err, ctrl
+
+
+def prop31_errors(W0: torch.Tensor, a_prefix: torch.Tensor, patches: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per step i → i+1 (i = 0..N−1): max over tasks and entries of |W_{i+1} − (W_i − h ∇L_i(W_i))|,
+    the control |W_{i+1} − W_i| (the error of not stepping), and max |W_{i+1}| (the scale)."""
+    B, N = patches.shape[:2]
+    weights = torch.cat([W0.expand(B, 1, *W0.shape), W0 + patches], dim=1)  # W_0 .. W_N
+    stepped = prop31_step(weights[:, :-1], prop31_deltas(W0, a_prefix), a_prefix[:, :1].expand(B, N, -1))
+    amax = lambda t: t.abs().amax(dim=(0, 2, 3))  # noqa: E731
+    return amax(stepped - weights[:, 1:]), amax(weights[:, 1:] - weights[:, :-1]), amax(weights[:, 1:])
+
+
+def decay_summary(mean_increment: np.ndarray, tail_fraction: float) -> dict[str, float]:
+    """How fast the mean increment m_i (i = 1..N−1) vanishes: mean of the last `tail_fraction` of
+    the i's over the mean of the first, and a least-squares power law m_i ≈ c i^slope (i ≥ 2)."""
+    k = max(1, math.ceil(tail_fraction * len(mean_increment)))
+    i = np.arange(1, len(mean_increment) + 1)
+    slope, intercept = np.polyfit(np.log(i[1:]), np.log(mean_increment[1:]), 1)
+    return {"decay_ratio_tail_to_head": mean_increment[-k:].mean() / mean_increment[:k].mean(),
+            "decay_fit_slope": slope, "decay_fit_log_c": intercept}
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> None:
+    device, dtype = ctx.device, ctx.dtype
+    index = dict(seed=cfg.seed, dtype=dtype_name(dtype))
+    model, built = pretrained_block(cfg, ctx)
+    control = untrained_block(built, cfg.seed, ctx)
+    tasks = sample_prompts(cfg.dynamics.n_tasks, cfg.task.n_examples, built.task.d,
+                           torch.Generator().manual_seed(cfg.dynamics.data_seed)).to(device, dtype)
+    eps = torch.finfo(dtype).eps
+    with progress(2, "prefix patches") as bar:
+        for variant, net in (("trained", model), ("untrained", control)):
+            a = prefix_contextual_outputs(net.contextual, tasks.tokens)  # A(C_i, x), i = 0..N
+            W0 = net.mlp.w1.weight
+            patches = prefix_patches_from_outputs(W0, a)  # (ΔW)_i, i = 1..N
+            norms = increment_norms(patches)
+            for name, values in norms.items():
+                for (task, i), v in np.ndenumerate(values.double().cpu().numpy()):
+                    ctx.log(f"increment_norm_{name}", v, context_length=i + 1, task=task, variant=variant, **index)
+            mean_op2 = norms["op2"].double().mean(0).cpu().numpy()
+            ctx.log_many(decay_summary(mean_op2, cfg.dynamics.tail_fraction), variant=variant, **index)
+            gap = ((norms["op2"] - norms["fro"]).abs() / norms["fro"]).max()
+            ctx.log("rank1_norm_gap", gap, variant=variant, **index)
+            if variant == "trained":
+                for (task, i), v in np.ndenumerate(torch.linalg.matrix_norm(patches).double().cpu().numpy()):
+                    ctx.log("patch_norm_fro", v, context_length=i + 1, task=task, variant=variant, **index)
+                p31 = prop31_errors(W0, a, patches)
+                err, ctrl = patch_errors(net, tasks.query, a, patches, cfg.eval.chunk)
+                for i in range(patches.shape[1]):
+                    ctx.log_many({"prop31_max_abs_err": p31[0][i], "prop31_step_max_abs": p31[1][i],
+                                  "weight_max_abs": p31[2][i]}, step_from=i, **index)
+                    ctx.log_many({"patch_max_abs_err": err[i], "no_context_max_abs_diff": ctrl[i]},
+                                 context_length=i + 1, **index)
+                trained = dict(p31=p31, err=err, ctrl=ctrl, mean=mean_op2)
+            bar.advance(1, info=variant)
+    check_claims(ctx, cfg, dtype, eps, trained)
+
+
+def check_claims(ctx: RunContext, cfg: DictConfig, dtype: torch.dtype, eps: float, t: dict) -> None:
+    err, step, scale = (x.double().max().item() for x in t["p31"])
+    ctx.claim_at_most(
+        "Prop 3.1: W_(i+1) = W_i − h ∇_W trace(Δ_iᵀ W), h = 1/‖A(x)‖², autograd gradient; max |error| over "
+        f"i and tasks (tolerance 100 eps of {dtype_name(dtype)} × max|W|)",
+        "Dherin §3 Prop 3.1", "exact", err, 100 * eps * max(1.0, scale))
+    ctx.claim_at_least(
+        "Prop 3.1 control: not stepping (W_(i+1) ≈ W_i) is off by orders of magnitude more "
+        "(log10 of max step / max error)", "Dherin §3 Prop 3.1 (control)", "n/a",
+        math.log10(step / max(err, 1e-300)), 3.0)
+    out_scale = max(1.0, t["ctrl"].double().max().item())
+    ctx.claim_at_most(
+        "Φ_W(C_i,x) = Φ_(W+(ΔW)_i)(x) for every prefix C_i (max |diff| over i, tasks, output entries; "
+        f"tolerance 100 eps × {out_scale:.2g})", "Dherin §4.3 Eqs 6-9", "exact",
+        t["err"].double().max().item(), 100 * eps * out_scale)
+    ctx.claim_at_least(
+        "control: the unpatched model without context is orders of magnitude further "
+        "(log10 of mean control diff / mean patch error)", "Dherin §4.3 Eqs 6-9 (control)", "n/a",
+        math.log10(t["ctrl"].double().mean().item() / max(t["err"].double().mean().item(), 1e-300)), 3.0)
+    s = decay_summary(t["mean"], cfg.dynamics.tail_fraction)
+    pct = round(100 * cfg.dynamics.tail_fraction)
+    ctx.claim_at_most(
+        f"increments ‖(ΔW)_(i+1) − (ΔW)_i‖₂ decay toward zero: mean over the last {pct}% of i / mean over the "
+        f"first {pct}% (mean over tasks)", SOURCE, "→ 0", s["decay_ratio_tail_to_head"], 0.1)
+    ctx.claim_at_most(
+        "increments decay at least like i^(−1/2): fitted power-law exponent of the mean increment (i ≥ 2)",
+        SOURCE, "< 0", s["decay_fit_slope"], -0.5)
+
+
+# -- figure ----------------------------------------------------------------------------------------
+
+VARIANTS = {"trained": dict(color="C0", label="trained model"),
+            "untrained": dict(color="0.5", ls="--", label="control: untrained model")}
+
+
+def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    fig, axes = new_figure(3, width=3.7, height=3.1)
+    ax_lin, ax_log, ax_p31 = axes[0]
+    dtypes = sorted(metrics["dtype"].dropna().unique())
+    for di, dt in enumerate(dtypes):
+        sub = metrics[metrics["dtype"] == dt]
+        suffix = f" [{dt}]" if len(dtypes) > 1 else ""
+        for variant, style in VARIANTS.items():
+            style = {**style, "label": style["label"] + suffix, "color": style["color"] if di == 0 else f"C{di + 2}"}
+            for name, ax_style in (("increment_norm_op2", {}), ("increment_norm_fro", dict(marker=".", lw=0))):
+                rows = metric(sub, name)
+                rows = rows[rows["variant"] == variant] if "variant" in rows else rows.iloc[0:0]
+                if rows.empty:
+                    continue
+                agg = mean_sem(rows, "context_length")
+                label = style["label"] + (" (Frobenius)" if name.endswith("fro") else " (2-norm)")
+                for ax in (ax_lin, ax_log):
+                    kw = {**style, **ax_style, "label": label}
+                    if name.endswith("fro"):
+                        kw.pop("ls", None)
+                        kw.update(ms=2.5, alpha=0.6)
+                    ax.plot(agg["context_length"], agg["mean"], **kw)
+                    if name.endswith("op2"):
+                        ax.fill_between(agg["context_length"], agg["mean"] - agg["sem"], agg["mean"] + agg["sem"],
+                                        color=style["color"], alpha=0.25, lw=0)
+            fit = sub[(sub["metric"] == "decay_fit_slope") & (sub["variant"] == variant)]
+            if not fit.empty:
+                c = sub[(sub["metric"] == "decay_fit_log_c") & (sub["variant"] == variant)]["value"].mean()
+                slope = fit["value"].mean()
+                i = np.arange(2, int(metric(sub, "increment_norm_op2")["context_length"].max()) + 1)
+                ax_log.plot(i, np.exp(c) * i ** slope, color="k", lw=0.7, ls=":")
+                ax_log.text(i[-1], np.exp(c) * i[-1] ** slope, f" i^{slope:.2f}", fontsize=7, va="bottom",
+                            ha="right")
+        for name, label, style in (("prop31_max_abs_err", "Prop 3.1: max |W_(i+1) − (W_i − h∇L_i)|", dict(c="C0")),
+                                   ("prop31_step_max_abs", "control: max |W_(i+1) − W_i|", dict(c="0.5", ls="--")),
+                                   ("patch_max_abs_err", "max |Φ_W(C_i,x) − Φ_(W+(ΔW)_i)(x)|", dict(c="C1")),
+                                   ("no_context_max_abs_diff", "control: max |Φ_W(C_i,x) − Φ_W(x)|",
+                                    dict(c="C3", ls=":"))):
+            rows = metric(sub, name)
+            if rows.empty:
+                continue
+            x = "step_from" if name.startswith("prop31") else "context_length"
+            g = rows.groupby(x)["value"].max().reset_index()
+            ax_p31.plot(g[x], g["value"].clip(lower=1e-20), label=label + suffix, lw=1.1, **style)
+    ax_lin.set(xlabel="context length i", ylabel=r"$\|(\Delta W)_{i+1} - (\Delta W)_i\|$",
+               title=r"Convergence of $(\Delta W)_i$ (mean ± s.e. over tasks)")
+    ax_log.set(xscale="log", yscale="log", xlabel="context length i", ylabel=r"$\|(\Delta W)_{i+1} - (\Delta W)_i\|$",
+               title="Same, log–log, with power-law fits")
+    ax_p31.set(yscale="log", xlabel="context length i", ylabel="max abs difference",
+               title="Prop. 3.1 step and prefix patch, exactness")
+    for ax in (ax_lin, ax_log, ax_p31):
+        ax.legend(fontsize=6, loc="upper right")
+    return save_figure(fig, figures_dir, "fig3_dw_convergence")
+
+
+def validate(cfg: DictConfig) -> None:
+    for key in ("dynamics.n_tasks", "task.n_examples", "eval.chunk", "eval.n_val_tasks", "train.steps"):
+        section, name = key.split(".")
+        if int(cfg[section][name]) < 1:
+            raise UserError(f"{key}={cfg[section][name]} must be at least 1")
+    if cfg.task.n_examples < 3:
+        raise UserError(f"task.n_examples={cfg.task.n_examples}: the dynamics needs at least 3 examples")
+    if not 0 < cfg.dynamics.tail_fraction <= 0.5:
+        raise UserError(f"dynamics.tail_fraction={cfg.dynamics.tail_fraction} must be in (0, 0.5]")
+    if cfg.model.mlp_skip:
+        raise UserError("model.mlp_skip=true: §3's dynamics is for the block without MLP skip (ΔW alone)")
+    validate_checkpoint(cfg)
+
+
+EXPERIMENT = Experiment(
+    name="dw_convergence",
+    paper="Dherin et al.",
+    figures="Fig. 3",
+    description="the prefix patches (ΔW)_i form gradient steps (Prop. 3.1) whose increments vanish with i",
+    run=run,
+    plot=plot,
+    validate=validate,
+)
