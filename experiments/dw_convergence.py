@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
@@ -27,10 +27,10 @@ from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.data.linreg import sample_prompts
-from experiments.linreg_icl import build_model, save_checkpoint, train_settings, validation_losses
 from experiments.models.linreg import ContextualBlock
-from experiments.models.training import regression_loss, train
+from experiments.models.pretrained import pretrained_block, untrained_block, validate_checkpoint
 from experiments.patching.dynamics import (
+    decay_summary,
     increment_norms,
     prefix_contextual_outputs,
     prefix_patches_from_outputs,
@@ -40,93 +40,6 @@ from experiments.patching.dynamics import (
 from experiments.patching.linreg import W_NAME, forward_with
 
 SOURCE = "Dherin §4.3 Fig 3"
-
-# -- the pretrained model (shared by dw_convergence, finetune_compare and factorization) -----------
-
-
-def checkpoint_file(path: str | Path) -> Path:
-    """RUN_DIR/model.pt for a linreg_icl run folder, or the file itself."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        p = p / "model.pt"
-    if not p.is_file():
-        raise UserError(f"checkpoint={path}: no such file (give a linreg_icl run folder or its model.pt)")
-    return p
-
-
-def load_checkpoint(path: str | Path) -> tuple[ContextualBlock, DictConfig]:
-    """The model saved by linreg_icl.save_checkpoint, and the task/model config that built it."""
-    file = checkpoint_file(path)
-    try:
-        blob = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # a corrupt or foreign file: say so in one line
-        raise UserError(f"checkpoint={path}: not a linreg_icl checkpoint ({type(err).__name__})") from None
-    if not isinstance(blob, dict) or not {"state_dict", "task", "model"} <= blob.keys():
-        raise UserError(f"checkpoint={path}: not a linreg_icl checkpoint (expected keys state_dict, task, model)")
-    built = OmegaConf.create({"task": blob["task"], "model": blob["model"]})
-    model = build_model(built)
-    try:
-        model.load_state_dict(blob["state_dict"])
-    except RuntimeError as err:
-        raise UserError(f"checkpoint={path}: weights do not fit the saved model config ({err})") from None
-    return model, built
-
-
-def validate_checkpoint(cfg: DictConfig) -> None:
-    if cfg.get("checkpoint"):
-        _, built = load_checkpoint(cfg.checkpoint)
-        if built.task.d != cfg.task.d:
-            raise UserError(f"checkpoint={cfg.checkpoint} was trained with task.d={built.task.d}, "
-                            f"not task.d={cfg.task.d}; pass task.d={built.task.d}")
-
-
-def pretrained_block(cfg: DictConfig, ctx: RunContext) -> tuple[ContextualBlock, DictConfig]:
-    """checkpoint=PATH loaded, or linreg_icl's model trained here exactly as linreg_icl trains it
-    (same seed → same weights), saved to RUN_DIR/model.pt so the next run can load it. Returns the
-    model (eval mode, frozen) and the task/model config that built it.
-
-    Validation losses at every checkpoint are logged (step=...) and one claim checks the model
-    learned the task, whichever way it came.
-    """
-    device, dtype = ctx.device, ctx.dtype
-    index = dict(seed=cfg.seed, dtype=dtype_name(dtype))
-    val = sample_prompts(cfg.eval.n_val_tasks, cfg.task.n_examples, cfg.task.d,
-                         torch.Generator().manual_seed(cfg.eval.val_seed)).to(device, dtype)
-
-    def evaluate(step: int) -> str:
-        losses = validation_losses(model, val, cfg.eval.chunk)
-        ctx.log_many({k: v for k, v in losses.items() if k.startswith("val_loss")}, step=step, **index)
-        return f"val {losses['val_loss_context']:.4f}"
-
-    built = OmegaConf.create({"task": OmegaConf.to_container(cfg.task), "model": OmegaConf.to_container(cfg.model)})
-    if cfg.get("checkpoint"):
-        model, built = load_checkpoint(cfg.checkpoint)
-        model = model.to(device, dtype).eval()
-        evaluate(-1)  # step −1: loaded, not trained here
-    else:
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg).to(device, dtype)
-        train(model, train_settings(cfg), torch.Generator().manual_seed(cfg.seed), device, dtype,
-              lambda step, loss: None, evaluate)
-        model.eval()
-        save_checkpoint(model, cfg, ctx.path("model.pt"))
-    for p in model.parameters():
-        p.requires_grad_(False)
-    zero = regression_loss(torch.zeros_like(val.targets), val.targets).item()
-    final = validation_losses(model, val, cfg.eval.chunk)["val_loss_context"]
-    ctx.claim_at_most("the model learned the task: validation loss with context / zero-predictor loss",
-                      "Dherin §4.1", "small", final / zero, 0.1)
-    return model, built
-
-
-def untrained_block(built: DictConfig, seed: int, ctx: RunContext) -> ContextualBlock:
-    """The control: the same architecture at its initialization (as linreg_icl builds it for `seed`)."""
-    torch.manual_seed(seed)
-    init = build_model(built).to(ctx.device, ctx.dtype).eval()
-    for p in init.parameters():
-        p.requires_grad_(False)
-    return init
-
 
 # -- the measurement -------------------------------------------------------------------------------
 
@@ -156,16 +69,6 @@ def prop31_errors(W0: torch.Tensor, a_prefix: torch.Tensor, patches: torch.Tenso
     stepped = prop31_step(weights[:, :-1], prop31_deltas(W0, a_prefix), a_prefix[:, :1].expand(B, N, -1))
     amax = lambda t: t.abs().amax(dim=(0, 2, 3))  # noqa: E731
     return amax(stepped - weights[:, 1:]), amax(weights[:, 1:] - weights[:, :-1]), amax(weights[:, 1:])
-
-
-def decay_summary(mean_increment: np.ndarray, tail_fraction: float) -> dict[str, float]:
-    """How fast the mean increment m_i (i = 1..N−1) vanishes: mean of the last `tail_fraction` of
-    the i's over the mean of the first, and a least-squares power law m_i ≈ c i^slope (i ≥ 2)."""
-    k = max(1, math.ceil(tail_fraction * len(mean_increment)))
-    i = np.arange(1, len(mean_increment) + 1)
-    slope, intercept = np.polyfit(np.log(i[1:]), np.log(mean_increment[1:]), 1)
-    return {"decay_ratio_tail_to_head": mean_increment[-k:].mean() / mean_increment[:k].mean(),
-            "decay_fit_slope": slope, "decay_fit_log_c": intercept}
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> None:

@@ -28,8 +28,8 @@ from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.data.linreg import sample_prompts
-from experiments.dw_convergence import pretrained_block, validate_checkpoint
 from experiments.models.linreg import ContextualBlock
+from experiments.models.pretrained import pretrained_block, validate_checkpoint
 from experiments.patching.dynamics import (
     factor_matrices,
     factor_products,

@@ -35,7 +35,7 @@ from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.data.linreg import sample_prompts
-from experiments.dw_convergence import pretrained_block, validate_checkpoint
+from experiments.models.pretrained import pretrained_block, validate_checkpoint
 from experiments.patching.dynamics import prefix_contextual_outputs, prefix_patches_from_outputs
 from experiments.patching.linreg import W_NAME, forward_with
 

@@ -19,45 +19,20 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from experiments.core.atomic import write_atomic
 from experiments.core.errors import UserError
-from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
+from experiments.core.plotting import metric, new_figure, save_figure
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.data.linreg import make_prompts, sample_prompts
-from experiments.models.linreg import ContextualBlock, attention_block
-from experiments.models.training import TrainSettings, regression_loss, train
+from experiments.models.linreg import ContextualBlock
+from experiments.models.pretrained import build_model, save_checkpoint, train_settings, validation_losses
+from experiments.models.training import regression_loss, train
 from experiments.patching.linreg import predictions_three_ways
+from experiments.plots.training_curves import draw_loss_panels
 
 SOURCE = "Dherin §4.2 Fig 2"
-
-
-def build_model(cfg: DictConfig) -> ContextualBlock:
-    m = cfg.model
-    return attention_block(cfg.task.d, d_model=m.d_model, n_heads=m.n_heads, d_mlp=m.d_mlp,
-                           mlp_skip=m.mlp_skip, attn_skip=m.attn_skip)
-
-
-def train_settings(cfg: DictConfig) -> TrainSettings:
-    t = cfg.train
-    return TrainSettings(steps=t.steps, batch_size=t.batch_size, lr=t.lr, eval_every=t.eval_every,
-                         n_examples=cfg.task.n_examples, d=cfg.task.d, weight_decay=t.weight_decay,
-                         grad_clip=t.grad_clip)
-
-
-@torch.no_grad()
-def predictions_in_chunks(model: ContextualBlock, tokens: torch.Tensor, chunk: int) -> dict[str, torch.Tensor]:
-    parts = [predictions_three_ways(model, tokens[i:i + chunk]) for i in range(0, len(tokens), chunk)]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-
-
-def validation_losses(model: ContextualBlock, val, chunk: int) -> dict[str, float]:
-    preds = predictions_in_chunks(model, val.tokens, chunk)
-    out = {f"val_loss_{k}": regression_loss(v, val.targets).item() for k, v in preds.items()}
-    out["val_max_abs_diff"] = (preds["context"] - preds["patched"]).abs().max().item()
-    return out
 
 
 @torch.no_grad()
@@ -145,24 +120,7 @@ def check_claims(ctx: RunContext, dtype: torch.dtype, grid: dict[str, np.ndarray
         "Dherin §4.1", "small", final["val_loss_context"] / zero_loss, 0.1)
 
 
-def save_checkpoint(model: ContextualBlock, cfg: DictConfig, path: Path) -> None:
-    """Weights + the config that built them, so later experiments can load them (checkpoint=PATH)."""
-    from omegaconf import OmegaConf
-
-    blob = {"state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
-            "task": OmegaConf.to_container(cfg.task), "model": OmegaConf.to_container(cfg.model)}
-    write_atomic(path, lambda p: torch.save(blob, p))
-
-
 # -- figure ------------------------------------------------------------------------------------
-
-SERIES = {
-    "train_loss": ("train loss", dict(color="0.6", lw=0.6, alpha=0.7)),
-    "val_loss_context": ("validation loss (with context)", dict(color="C0", lw=1.6)),
-    "val_loss_patched": ("validation loss (computed via ΔW)", dict(color="C1", lw=1.2, ls="--")),
-    "val_loss_no_context": ("control: unpatched, no context", dict(color="C3", lw=1.0, ls=":")),
-}
-
 
 def _label(frame: pd.DataFrame) -> pd.Series:
     """One series per (dtype, mlp_skip) configuration; seeds are averaged."""
@@ -173,42 +131,9 @@ def _label(frame: pd.DataFrame) -> pd.Series:
 def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     metrics = metrics.copy()
     metrics["config"] = _label(metrics)
-    configs = sorted(metrics["config"].unique())
     fig, axes = new_figure(4, width=3.5, height=3.0)
     ax_loss, ax_close, ax_heat, ax_ctrl = axes[0]
-    for ci, config in enumerate(configs):
-        sub = metrics[metrics["config"] == config]
-        suffix = f" [{config}]" if len(configs) > 1 else ""
-        for name, (label, style) in SERIES.items():
-            s = metric(sub, name)
-            if s.empty:
-                continue
-            if name == "train_loss":  # a running mean keeps the noisy per-step loss readable
-                s = s.sort_values("step")
-                s = s.assign(value=s.groupby("run_id")["value"].transform(lambda v: v.rolling(25, 1).mean()))
-            agg = mean_sem(s, "step")
-            ax_loss.plot(agg["step"], agg["mean"], label=label + suffix, **style)
-            if name in ("val_loss_context", "val_loss_patched"):
-                ax_close.errorbar(agg["step"], agg["mean"], yerr=agg["sem"], label=label + suffix,
-                                  marker="o" if name.endswith("context") else "x", ms=3.5,
-                                  ls=style.get("ls", "-"), color=f"C{2 * ci + (name.endswith('patched'))}",
-                                  lw=1, capsize=0)
-        zero = metric(sub, "val_loss_zero_predictor")
-        if not zero.empty and ci == 0:
-            ax_loss.axhline(zero["value"].mean(), color="k", lw=0.6, ls="-.", label="zero predictor")
-    ax_loss.set(yscale="log", xlabel="training step", ylabel="loss", title="Train and validation loss")
-    ax_loss.legend(loc="upper right", fontsize=6.5)
-    close = metrics[metrics["metric"].isin(["val_loss_context", "val_loss_patched"])]
-    if not close.empty:
-        late = close[close["step"] >= close["step"].max() * 0.3]
-        lo, hi = late["value"].min(), late["value"].max()
-        ax_close.set_ylim(lo - 0.05 * (hi - lo + 1e-12), hi + 0.05 * (hi - lo + 1e-12))
-        ax_close.set_xlim(close["step"].max() * 0.3, close["step"].max() * 1.02)
-        gap = metrics[metrics["metric"] == "val_max_abs_diff"]["value"].max()
-        ax_close.text(0.03, 0.04, f"max |ŷ_ctx − ŷ_ΔW| = {gap:.1e}", transform=ax_close.transAxes,
-                      va="bottom", fontsize=7.5, bbox=dict(fc="white", ec="0.8", alpha=0.9))
-    ax_close.set(xlabel="training step", ylabel="validation loss", title="Close-up: with context vs via ΔW")
-    ax_close.legend(loc="upper right", fontsize=6.5)
+    draw_loss_panels(ax_loss, ax_close, metrics)
     _heat(fig, ax_heat, metric(metrics, "grid_abs_diff_patched"),
           r"$|\Phi_W(C,x) - \Phi_{W+\Delta W}(x)|$" + "\n(mean over tasks)")
     _heat(fig, ax_ctrl, metric(metrics, "grid_abs_diff_no_context"),

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.dw_convergence import decay_summary
+from experiments.patching.dynamics import decay_summary
 
 FIGURE = "fig3_dw_convergence"
 N, TASKS = 20, 12  # the smoke preset's context length and task count

@@ -75,6 +75,9 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     try:
         ctx.device = resolve_device(cfg.get("device", "auto"))
         ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
+        if cfg.get("threads"):
+            torch.set_num_threads(int(cfg.threads))
+        record["torch_threads"] = torch.get_num_threads()
         record["device"] = describe_device(ctx.device)
         record["dtype"] = dtype_name(ctx.dtype)
         write_json_atomic(run_json, record)

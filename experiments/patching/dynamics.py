@@ -19,6 +19,9 @@ the query x last; weights are (m, d_in) for W_0 and (B, k, m, d_in) for sequence
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import grad, vmap
@@ -137,3 +140,16 @@ def factor_products(W0: Tensor, factors: Tensor) -> Tensor:
         P = P @ factors[:, i]
         out.append(P)
     return torch.stack(out, dim=1)
+
+
+# -- summaries -----------------------------------------------------------------------------------
+
+
+def decay_summary(mean_increment: np.ndarray, tail_fraction: float) -> dict[str, float]:
+    """How fast the mean increment m_i (i = 1..N−1) vanishes: mean of the last `tail_fraction` of
+    the i's over the mean of the first, and a least-squares power law m_i ≈ c i^slope (i ≥ 2)."""
+    k = max(1, math.ceil(tail_fraction * len(mean_increment)))
+    i = np.arange(1, len(mean_increment) + 1)
+    slope, intercept = np.polyfit(np.log(i[1:]), np.log(mean_increment[1:]), 1)
+    return {"decay_ratio_tail_to_head": mean_increment[-k:].mean() / mean_increment[:k].mean(),
+            "decay_fit_slope": slope, "decay_fit_log_c": intercept}

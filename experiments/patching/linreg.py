@@ -7,6 +7,7 @@ dtype, vectorized over tasks with `vmap` because every task has its own patch.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -49,10 +50,17 @@ def forward_with(model: nn.Module, params: dict[str, Tensor], tokens: Tensor) ->
     def one(p: dict[str, Tensor], t: Tensor) -> Tensor:
         return functional_call(model, p, (t.unsqueeze(0),)).squeeze(0)
 
+    if not supports_vmap(model):  # e.g. torch.nn.RNN's fused kernel: the same forward, task by task
+        return torch.stack([one({k: v[b] for k, v in params.items()}, tokens[b]) for b in range(len(tokens))])
     # The fused CPU attention kernel has no vmap rule, so torch would loop over tasks one by one;
     # the math backend of the same op batches (identical numbers here, ~8x faster).
     with sdpa_kernel(SDPBackend.MATH):
         return vmap(one)(params, tokens)
+
+
+def supports_vmap(model: nn.Module) -> bool:
+    """False when a submodule says `supports_vmap = False` (its kernel has no batching rule)."""
+    return all(getattr(m, "supports_vmap", True) for m in model.modules())
 
 
 def predictions_three_ways(model: nn.Module, tokens: Tensor, cache=None) -> dict[str, Tensor]:

@@ -1,0 +1,1 @@
+"""Figure pieces shared by several experiments."""

@@ -1,0 +1,105 @@
+"""multilayer_ln end to end through the CLI at preset=smoke, asserting on its CSVs."""
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from experiments.core.results import CLAIM_COLUMNS
+
+FIGURE = "fig5_multilayer_ln"
+SOURCE = "Dherin App. C.1 Fig 5"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path_factory.mktemp("multilayer") / "run"
+    proc = run_cli("run", "multilayer_ln", "preset=smoke", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_run_folder_follows_the_contract(smoke_run):
+    for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf"):
+        assert (smoke_run / name).is_file(), name
+    record = json.loads((smoke_run / "run.json").read_text())
+    assert record["status"] == "complete" and record["preset"] == "smoke"
+
+
+def test_losses_agree_both_ways_and_the_control_does_not(smoke_run):
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    assert (m.experiment == "multilayer_ln").all()
+    assert sorted(m[m.metric == "train_loss"].step) == list(range(1, 21))
+    val = m[m.metric.str.startswith("val_loss")].pivot_table(index="step", columns="metric", values="value")
+    assert list(val.index) == [0, 10, 20]
+    rel = (val.val_loss_context - val.val_loss_patched).abs() / val.val_loss_context
+    assert rel.max() < 1e-5
+    assert (m[m.metric == "val_max_abs_diff"].value < 1e-5).all()
+    assert ((val.val_loss_no_context - val.val_loss_context).abs() / val.val_loss_context).min() > 1e-3
+    assert (m[m.metric == "train_loss"].removed == 20).all()  # Y = all N = 20 examples by default
+
+
+def test_every_block_matches_at_rounding_level(smoke_run):
+    """Fig. 5 right: 16 tasks × 3 blocks; float32 block outputs of norm ≈ √d_model agree to ~1e-6."""
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    diff = m[m.metric == "block_l2_diff_patched"]
+    ctrl = m[m.metric == "block_l2_diff_no_context"]
+    norm = m[m.metric == "block_l2_norm"]
+    assert len(diff) == len(ctrl) == len(norm) == 16 * 3
+    assert sorted(diff.layer.unique()) == [1, 2, 3] and diff.task.nunique() == 16
+    per_layer = diff.groupby("layer").value.mean()
+    assert per_layer.max() < 5e-6
+    assert (ctrl.groupby("layer").value.mean() > 1e3 * per_layer).all()
+    assert norm.value.between(1, 20).all()  # LayerNorm outputs: the scale the differences are measured at
+
+
+def test_claims_are_measured(smoke_run):
+    c = pd.read_csv(smoke_run / "claims.csv")
+    assert list(c.columns) == CLAIM_COLUMNS and len(c) == 4
+    passed = dict(zip(c.source, c.passed, strict=True))
+    assert passed[SOURCE + " left/middle"] and passed[SOURCE + " right"] and passed[SOURCE + " (control)"]
+    learned = c[c.source == SOURCE + " left"].iloc[0]
+    assert not learned.passed and learned.measured > 0.1  # 20 steps do not teach the task; it says so
+
+
+def test_plot_rerenders_from_csvs_alone(smoke_run, tmp_path, icl):
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_run, copy)
+    shutil.rmtree(copy / "figures")
+    proc = icl("plot", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert (copy / "figures" / f"{FIGURE}.png").stat().st_size > 1000
+
+
+def test_partial_removal_in_float64(icl, tmp_path):
+    """patch.remove_first=k: Y = the first k examples only; the stack then still reads the rest."""
+    run_dir = tmp_path / "run"
+    proc = icl("run", "multilayer_ln", "preset=smoke", "patch.remove_first=7", "dtype=float64", "train.steps=5",
+               "eval.n_val_tasks=16", "eval.block_tasks=4", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = pd.read_csv(run_dir / "metrics.csv")
+    assert (m.removed == 7).all() and (m.dtype == "float64").all()
+    assert m[m.metric == "block_l2_diff_patched"].value.max() < 1e-12
+    assert m[m.metric == "val_max_abs_diff"].value.max() < 1e-12
+    assert m[m.metric == "block_l2_diff_no_context"].value.min() > 1e-6
+
+
+@pytest.mark.parametrize("override, message", [
+    ("patch.remove_first=0", "patch.remove_first=0 must be null"),
+    ("patch.remove_first=21", "1..task.n_examples=20"),
+    ("model.n_heads=5", "must be divisible by model.n_heads=5"),
+])
+def test_bad_values_are_refused_before_a_run_folder_exists(tmp_path, override, message):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "multilayer_ln", "preset=smoke", override, f"hydra.run.dir={run_dir}"])
+    assert result.exit_code == 2
+    text = " ".join(result.stderr.split())
+    assert text.startswith("error:") and message in text, result.stderr
+    assert not run_dir.exists()
