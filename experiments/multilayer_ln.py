@@ -28,8 +28,8 @@ from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.data.linreg import sample_prompts
 from experiments.models.post_ln_stack import PostLNStack
-from experiments.models.pretrained import loss_summary, train_settings
-from experiments.models.training import regression_loss, train
+from experiments.models.pretrained import loss_summary
+from experiments.models.training import claim_losses_agree, train_validated
 from experiments.patching.stack import query_block_outputs_three_ways, stack_predictions_three_ways
 from experiments.plots.training_curves import draw_loss_panels
 
@@ -70,41 +70,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     index = dict(seed=cfg.seed, dtype=dtype_name(dtype), removed=cfg.task.n_examples if k is None else k)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(device, dtype)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    val = sample_prompts(cfg.eval.n_val_tasks, cfg.task.n_examples, cfg.task.d,
-                         torch.Generator().manual_seed(cfg.eval.val_seed)).to(device, dtype)
-    zero_loss = regression_loss(torch.zeros_like(val.targets), val.targets).item()
+    trained = train_validated(model, cfg, ctx, index, lambda m, val: validation_losses(m, val, cfg.eval.chunk, k))
 
-    def on_step(step: int, loss: float) -> None:
-        ctx.log("train_loss", loss, step=step, **index)
-
-    def evaluate(step: int) -> str:
-        losses = validation_losses(model, val, cfg.eval.chunk, k)
-        ctx.log_many(losses, step=step, **index)
-        ctx.log("val_loss_zero_predictor", zero_loss, step=step, **index)
-        return f"val {losses['val_loss_context']:.4f} | ΔW {losses['val_loss_patched']:.4f}"
-
-    train(model, train_settings(cfg), gen, device, dtype, on_step, evaluate)
-    model.eval()
-
-    diffs = block_differences(model, cfg, gen, device, dtype, k)
+    diffs = block_differences(model, cfg, trained.generator, device, dtype, k)
     for name, values in diffs.items():
         for task, row in enumerate(values):
             for layer, v in enumerate(row, start=1):
                 ctx.log(f"block_l2_{'norm' if name == 'output' else 'diff_' + name}", v, layer=layer, task=task,
                         **index)
-    check_claims(ctx, dtype, diffs, zero_loss)
+    check_claims(ctx, dtype, diffs, trained.zero_loss)
 
 
 def check_claims(ctx: RunContext, dtype: torch.dtype, diffs: dict[str, np.ndarray], zero_loss: float) -> None:
-    m = ctx.metrics()
-    val = m[m["metric"].str.startswith("val_loss")].pivot_table(index="step", columns="metric", values="value")
+    val = claim_losses_agree(ctx, dtype, SOURCE + " left/middle", via="the per-block patches")
     eps = torch.finfo(dtype).eps
-    rel_gap = ((val["val_loss_context"] - val["val_loss_patched"]).abs() / val["val_loss_context"]).max()
-    ctx.claim_at_most(
-        "validation loss with context = via the per-block patches at every checkpoint "
-        f"(max relative gap; tolerance 1000 eps of {dtype_name(dtype)})",
-        SOURCE + " left/middle", "equal", rel_gap, 1000 * eps)
     per_layer = diffs["patched"].mean(0)  # mean over tasks, one per block
     scale = float(diffs["output"].mean(0).max())
     ctx.claim_at_most(

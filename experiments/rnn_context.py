@@ -33,9 +33,9 @@ from experiments.core.runtime import dtype_name
 from experiments.data.linreg import sample_prompts
 from experiments.models.linreg import ContextualBlock
 from experiments.models.pretrained import build_model as build_attention_block
-from experiments.models.pretrained import load_checkpoint, predictions, train_settings, validation_losses
+from experiments.models.pretrained import load_checkpoint, predictions, validation_losses
 from experiments.models.rnn import rnn_block
-from experiments.models.training import TrainSettings, regression_loss, train
+from experiments.models.training import TrainSettings, claim_losses_agree, train, train_validated
 from experiments.patching.dynamics import decay_summary, increment_norms, prefix_patches
 from experiments.plots.training_curves import draw_loss_panels
 
@@ -80,23 +80,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     torch.manual_seed(cfg.seed)
     model = rnn_block(cfg.task.d, d_model=cfg.model.d_model, d_mlp=cfg.model.d_mlp,
                       nonlinearity=cfg.model.nonlinearity).to(device, dtype)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    val = sample_prompts(cfg.eval.n_val_tasks, cfg.task.n_examples, cfg.task.d,
-                         torch.Generator().manual_seed(cfg.eval.val_seed)).to(device, dtype)
-    zero_loss = regression_loss(torch.zeros_like(val.targets), val.targets).item()
-
-    def on_step(step: int, loss: float) -> None:
-        ctx.log("train_loss", loss, step=step, **index)
-
-    def evaluate(step: int) -> str:
-        losses = validation_losses(model, val, cfg.eval.chunk)
-        ctx.log_many(losses, step=step, **index)
-        ctx.log("val_loss_zero_predictor", zero_loss, step=step, **index)
-        return f"val {losses['val_loss_context']:.4f} | ΔW {losses['val_loss_patched']:.4f}"
-
-    train(model, train_settings(cfg), gen,  # linreg_icl's keys: train.*, task.*
-          device, dtype, on_step, evaluate)
-    model.eval()
+    trained = train_validated(model, cfg, ctx, index,  # linreg_icl's keys: train.*, task.*, eval.*
+                              lambda m, val: validation_losses(m, val, cfg.eval.chunk))
+    val, zero_loss = trained.val, trained.zero_loss
     final = predictions(model, val.tokens, cfg.eval.chunk)
 
     attention, origin = attention_model(cfg, ctx)
@@ -118,14 +104,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
 
 def check_claims(ctx: RunContext, cfg: DictConfig, dtype: torch.dtype, final: dict[str, torch.Tensor],
                  zero_loss: float, curves: dict[str, np.ndarray], origin: str, attention_loss: float) -> None:
-    m = ctx.metrics()
-    val = m[m["metric"].str.startswith("val_loss")].pivot_table(index="step", columns="metric", values="value")
+    val = claim_losses_agree(ctx, dtype, SOURCE + " left/middle", what="RNN contextual layer: ")
     eps = torch.finfo(dtype).eps
-    rel_gap = ((val["val_loss_context"] - val["val_loss_patched"]).abs() / val["val_loss_context"]).max()
-    ctx.claim_at_most(
-        "RNN contextual layer: validation loss with context = via ΔW at every checkpoint "
-        f"(max relative gap; tolerance 1000 eps of {dtype_name(dtype)})",
-        SOURCE + " left/middle", "equal", rel_gap, 1000 * eps)
     y = final["context"].double()
     err = (final["patched"].double() - y).abs()
     ctrl = (final["no_context"].double() - y).abs()

@@ -19,7 +19,7 @@ from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.data.linreg import sample_prompts
 from experiments.models.linreg import ContextualBlock, attention_block
-from experiments.models.training import TrainSettings, regression_loss, train
+from experiments.models.training import regression_loss, train, train_settings
 from experiments.patching.linreg import predictions_three_ways
 
 
@@ -27,13 +27,6 @@ def build_model(cfg: DictConfig) -> ContextualBlock:
     m = cfg.model
     return attention_block(cfg.task.d, d_model=m.d_model, n_heads=m.n_heads, d_mlp=m.d_mlp,
                            mlp_skip=m.mlp_skip, attn_skip=m.attn_skip)
-
-
-def train_settings(cfg: DictConfig) -> TrainSettings:
-    t = cfg.train
-    return TrainSettings(steps=t.steps, batch_size=t.batch_size, lr=t.lr, eval_every=t.eval_every,
-                         n_examples=cfg.task.n_examples, d=cfg.task.d, weight_decay=t.weight_decay,
-                         grad_clip=t.grad_clip)
 
 
 @torch.no_grad()

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import pandas as pd
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
 from experiments.core.progress import progress
-from experiments.data.linreg import sample_prompts
+from experiments.core.results import RunContext
+from experiments.core.runtime import dtype_name
+from experiments.data.linreg import LinRegBatch, sample_prompts
 from experiments.models.linreg import predict
 
 
@@ -54,3 +59,56 @@ def train(model: nn.Module, s: TrainSettings, generator: torch.Generator, device
                 model.eval()
                 info = evaluate(step) or info
             bar.advance(1, info=f"loss {loss.item():.4f} {info}")
+
+
+def train_settings(cfg: DictConfig) -> TrainSettings:
+    t = cfg.train
+    return TrainSettings(steps=t.steps, batch_size=t.batch_size, lr=t.lr, eval_every=t.eval_every,
+                         n_examples=cfg.task.n_examples, d=cfg.task.d, weight_decay=t.weight_decay,
+                         grad_clip=t.grad_clip)
+
+
+@dataclass
+class Trained:
+    val: LinRegBatch  # the fixed held-out validation set
+    zero_loss: float  # the zero predictor's loss on it (the scale "learned" is judged against)
+    generator: torch.Generator  # the training generator, to go on sampling fresh tasks after training
+
+
+def train_validated(model: nn.Module, cfg: DictConfig, ctx: RunContext, index: dict[str, Any],
+                    losses: Callable[[nn.Module, LinRegBatch], dict[str, float]]) -> Trained:
+    """Train with cfg.train / cfg.task on fresh tasks, logging `train_loss` every step and, at every
+    checkpoint, `losses(model, val)` (the validation loss computed both ways, and the control) and the
+    zero predictor's loss, on the held-out set of cfg.eval (Figs. 2, 5 and 6 left/middle)."""
+    val = sample_prompts(cfg.eval.n_val_tasks, cfg.task.n_examples, cfg.task.d,
+                         torch.Generator().manual_seed(cfg.eval.val_seed)).to(ctx.device, ctx.dtype)
+    zero_loss = regression_loss(torch.zeros_like(val.targets), val.targets).item()
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    def on_step(step: int, loss: float) -> None:
+        ctx.log("train_loss", loss, step=step, **index)
+
+    def evaluate(step: int) -> str:
+        values = losses(model, val)
+        ctx.log_many(values, step=step, **index)
+        ctx.log("val_loss_zero_predictor", zero_loss, step=step, **index)
+        return f"val {values['val_loss_context']:.4f} | ΔW {values['val_loss_patched']:.4f}"
+
+    train(model, train_settings(cfg), gen, ctx.device, ctx.dtype, on_step, evaluate)
+    model.eval()
+    return Trained(val, zero_loss, gen)
+
+
+def claim_losses_agree(ctx: RunContext, dtype: torch.dtype, source: str, what: str = "",
+                       via: str = "ΔW") -> pd.DataFrame:
+    """Claim: the validation loss with the context equals the loss via the patch at every checkpoint
+    (max relative gap, tolerance 1000 eps of the dtype). Returns the validation losses by step."""
+    m = ctx.metrics()
+    val = m[m["metric"].str.startswith("val_loss")].pivot_table(index="step", columns="metric", values="value")
+    rel_gap = ((val["val_loss_context"] - val["val_loss_patched"]).abs() / val["val_loss_context"]).max()
+    eps = torch.finfo(dtype).eps
+    ctx.claim_at_most(
+        f"{what}validation loss with context = via {via} at every checkpoint "
+        f"(max relative gap; tolerance 1000 eps of {dtype_name(dtype)})",
+        source, "equal", rel_gap, 1000 * eps)
+    return val
