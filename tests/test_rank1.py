@@ -8,12 +8,16 @@ from experiments.models.linreg import MLP, attention_block, predict
 from experiments.patching.linreg import forward_with, patched_params, predictions_three_ways
 from experiments.patching.rank1 import context_patch, context_patch_skip, context_vector, rank1_update
 
-torch.set_default_dtype(torch.float64)
+F64 = torch.float64  # exactness is the point here; every tensor says so (no global default dtype)
 
 
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(0)
+
+
+def randn(*shape, generator):
+    return torch.randn(*shape, generator=generator, dtype=F64)
 
 
 def random_mlp(n=5, m=17, seed=0):
@@ -24,7 +28,7 @@ def random_mlp(n=5, m=17, seed=0):
 def test_patch_moves_the_context_into_W(rng):
     """φ_{W+ΔW}(A(C∖Y,x)) = φ_W(A(C,x)) for random activations: the identity, not the model."""
     mlp = random_mlp()
-    a_full, a_red = torch.randn(32, 5, generator=rng), torch.randn(32, 5, generator=rng)
+    a_full, a_red = randn(32, 5, generator=rng), randn(32, 5, generator=rng)
     W = mlp.w1.weight
     dW = context_patch(W, a_full, a_red)
     expected = mlp(a_full)
@@ -37,8 +41,8 @@ def test_patch_moves_the_context_into_W(rng):
 
 
 def test_patch_is_rank_one_and_matches_the_formula(rng):
-    W = torch.randn(11, 4, generator=rng)
-    a_full, a_red = torch.randn(4, generator=rng), torch.randn(4, generator=rng)
+    W = randn(11, 4, generator=rng)
+    a_full, a_red = randn(4, generator=rng), randn(4, generator=rng)
     dW = context_patch(W, a_full, a_red)
     assert torch.linalg.matrix_rank(dW).item() == 1
     delta = a_full - a_red
@@ -50,7 +54,7 @@ def test_patch_is_rank_one_and_matches_the_formula(rng):
 def test_skip_form_adds_delta_A_to_the_last_bias(rng):
     """Theorem B.2: A + W′g(WA + b) + b′ with ΔW and Δb′ = δA."""
     mlp = random_mlp()
-    a_full, a_red = torch.randn(8, 5, generator=rng), torch.randn(8, 5, generator=rng)
+    a_full, a_red = randn(8, 5, generator=rng), randn(8, 5, generator=rng)
     dW, db = context_patch_skip(mlp.w1.weight, a_full, a_red)
     torch.testing.assert_close(db, context_vector(a_full, a_red))
     for i in range(8):
@@ -100,10 +104,10 @@ def test_many_queries_against_one_cached_context(rng):
     torch.manual_seed(3)
     model = attention_block(2).double()
     one = sample_prompts(1, 25, 2, rng, torch.float64)
-    xq = torch.randn(40, 2, generator=rng)
+    xq = randn(40, 2, generator=rng)
     prompts = make_prompts(one.weights.expand(40, 2), one.tokens[:, :-1, :2].expand(40, 25, 2), xq)
     full = predictions_three_ways(model, prompts.tokens)
-    cached = predictions_three_ways(model, prompts.tokens[:, -1:], cache=model.contextual.cache(one.context))
+    cached = predictions_three_ways(model, prompts.tokens[:, -1:], cache=model.contextual.cache(prompts.context[:1]))
     for way in full:
         torch.testing.assert_close(cached[way], full[way], rtol=0, atol=1e-13)
     torch.testing.assert_close(full["context"], predict(model(prompts.tokens)), rtol=0, atol=0)
