@@ -9,7 +9,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 app = typer.Typer(
     add_completion=False,
@@ -32,15 +31,13 @@ def unique_stamp() -> str:
 
 @app.command("list")
 def list_experiments() -> None:
-    """Every registered experiment: name, paper, figure(s), what it shows."""
+    """Every registered experiment, one line each: name, paper, figure(s), what it shows."""
     from experiments.core import registry
 
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("experiment", "paper", "figures", "description"):
-        table.add_column(col)
-    for exp in registry.all_experiments():
-        table.add_row(exp.name, exp.paper, exp.figures, exp.description)
-    Console().print(table)
+    rows = [(e.name, e.paper, e.figures, e.description) for e in registry.all_experiments()]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for name, paper, figures, description in rows:
+        print(f"{name:<{widths[0]}}  {paper:<{widths[1]}}  {figures:<{widths[2]}}  {description}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -42,9 +42,10 @@ def assert_one_line_error(proc, *fragments):
 def test_list_shows_every_experiment(icl):
     proc = icl("list")
     assert proc.returncode == 0, proc.stderr
-    for name in registry.experiment_names():
-        assert name in proc.stdout
-    assert "Dherin et al." in proc.stdout and "Fig. 2" in proc.stdout
+    lines = proc.stdout.splitlines()  # piped, not a terminal: still one line per experiment
+    assert [line.split()[0] for line in lines] == registry.experiment_names()
+    linreg = next(line for line in lines if line.startswith("linreg_icl "))
+    assert "Dherin et al." in linreg and "Fig. 2" in linreg and "rank-1" in linreg
 
 
 def test_unknown_experiment_lists_known_ones(icl_inprocess, tmp_path):
