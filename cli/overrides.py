@@ -86,11 +86,13 @@ def _expand(parsed: list[Override]) -> list[list[str]]:
     return [list(c) for c in combos]
 
 
-def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig) -> None:
+def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig, free_form: tuple[str, ...]) -> None:
     for o in parsed:
         key = o.key_or_group
         if o.is_delete() or o.is_add() or o.is_force_add() or key.startswith("hydra") or _is_group(key):
             continue
+        if key in free_form:
+            continue  # the experiment's validate() checks it
         if o.is_sweep_override():
             continue  # checked in the expanded combinations
         value = o.value()
@@ -143,7 +145,7 @@ def validate(name: str, overrides: list[str]) -> DictConfig:
         except HydraException as err:
             raise UserError(_unknown_key_message(err, name)) from None
         combo_parsed = OverridesParser.create().parse_overrides(combo)
-        _check_values(cfg, combo_parsed, ref)
+        _check_values(cfg, combo_parsed, ref, exp.free_form_keys)
         if exp.validate is not None:
             exp.validate(cfg)
     GlobalHydra.instance().clear()

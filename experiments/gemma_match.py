@@ -258,4 +258,5 @@ EXPERIMENT = Experiment(
     run=run,
     plot=plot,
     validate=validate,
+    free_form_keys=("prompts",),  # a list of prompts, or a text file with one prompt a line
 )

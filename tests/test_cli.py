@@ -165,3 +165,12 @@ def test_hydra_flags_pass_through(icl, tmp_path):
     proc = icl("run", "linreg_icl", "--cfg", "job", "preset=smoke", "train.steps=7")
     assert proc.returncode == 0, proc.stderr
     assert "steps: 7" in proc.stdout and "n_examples: 20" in proc.stdout
+
+
+def test_free_form_key_is_checked_by_the_experiment(icl_inprocess, tmp_path):
+    """gemma_match's `prompts` takes a list or a file: the generic type check steps aside, its own
+    validate() still names a missing file."""
+    proc = icl_inprocess("run", "gemma_match", "preset=smoke", f"prompts={tmp_path / 'none.txt'}",
+                         f"hydra.run.dir={tmp_path / 'run'}")
+    assert_one_line_error(proc, "none.txt", "no such file")
+    assert not (tmp_path / "run").exists()

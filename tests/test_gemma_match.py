@@ -21,7 +21,10 @@ def _cli(*args: str, offline: bool = True) -> subprocess.CompletedProcess:
 
 def test_smoke_run_writes_metrics_claims_and_figures(tmp_path):
     run_dir = tmp_path / "run"
-    res = _cli("run", "gemma_match", "preset=smoke", "variant=stable", f"hydra.run.dir={run_dir}")
+    prompts = tmp_path / "prompts.txt"  # `prompts=` takes a file, one prompt a line, as well as a list
+    prompts.write_text("Hi from a file.\n\n")
+    res = _cli("run", "gemma_match", "preset=smoke", "variant=stable", f"prompts={prompts}",
+               f"hydra.run.dir={run_dir}")
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
     m = pd.read_csv(run_dir / "metrics.csv")
