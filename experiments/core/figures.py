@@ -21,6 +21,8 @@ from experiments.core.results import (
     FIGURES_DIR,
     METRICS_FILE,
     RUN_FILE,
+    read_claims,
+    read_metrics,
     write_csv_atomic,
 )
 
@@ -45,8 +47,7 @@ def experiment_of(run_dir: Path) -> str:
 
 def render_run(run_dir: Path, exp: registry.Experiment | None = None) -> list[Path]:
     exp = exp or registry.get(experiment_of(run_dir))
-    metrics = pd.read_csv(run_dir / METRICS_FILE)
-    return exp.plot(metrics, run_dir / FIGURES_DIR)
+    return exp.plot(read_metrics(run_dir), run_dir / FIGURES_DIR)
 
 
 def render_multirun(sweep_dir: Path) -> list[Path]:
@@ -57,11 +58,11 @@ def render_multirun(sweep_dir: Path) -> list[Path]:
     if len(names) != 1:
         raise UserError(f"{sweep_dir} mixes experiments {sorted(names)}; plot them one by one")
     exp = registry.get(names.pop())
-    metrics = pd.concat([pd.read_csv(j / METRICS_FILE) for j in jobs], ignore_index=True)
+    metrics = pd.concat([read_metrics(j) for j in jobs], ignore_index=True)
     claims = []
     for j in jobs:
         if (j / CLAIMS_FILE).is_file():
-            c = pd.read_csv(j / CLAIMS_FILE)
+            c = read_claims(j)
             c.insert(0, "job", j.name)
             claims.append(c)
     if claims:

@@ -57,7 +57,7 @@ class _Bar:
                      100 * frac, elapsed, self.info)
             self._next_log_at = frac + 0.1
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_exc) -> None:
         if self._progress is not None:
             self._progress.stop()
 
@@ -71,12 +71,3 @@ def progress(total: int, description: str) -> Iterator[_Bar]:
     """`with progress(n, "train") as bar: ... bar.advance(1, info=f"loss {l:.3g}")`"""
     with _Bar(total, description, fancy_enabled()) as bar:
         yield bar
-
-
-def track(iterable, total: int | None = None, description: str = "working"):
-    """Iterate with a progress bar."""
-    total = len(iterable) if total is None else total
-    with progress(total, description) as bar:
-        for item in iterable:
-            yield item
-            bar.advance(1)

@@ -17,9 +17,8 @@ from experiments.core.chunks import in_chunks
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
-from experiments.data.linreg import sample_prompts
 from experiments.models.linreg import ContextualBlock, attention_block
-from experiments.models.training import regression_loss, train, train_settings
+from experiments.models.training import regression_loss, train_validated, validation_set, zero_predictor_loss
 from experiments.patching.linreg import predictions_three_ways
 
 
@@ -96,37 +95,30 @@ def pretrained_block(cfg: DictConfig, ctx: RunContext) -> tuple[ContextualBlock,
     (same seed → same weights), saved to RUN_DIR/model.pt so the next run can load it. Returns the
     model (eval mode, frozen) and the task/model config that built it.
 
-    Validation losses at every checkpoint are logged (step=...) and one claim checks the model
-    learned the task, whichever way it came.
+    Validation losses are logged (at every checkpoint, or once at step −1 for a loaded model) and
+    one claim checks the model learned the task, whichever way it came.
     """
-    device, dtype = ctx.device, ctx.dtype
-    index = dict(seed=cfg.seed, dtype=dtype_name(dtype))
-    val = sample_prompts(cfg.eval.n_val_tasks, cfg.task.n_examples, cfg.task.d,
-                         torch.Generator().manual_seed(cfg.eval.val_seed)).to(device, dtype)
+    index = dict(seed=cfg.seed, dtype=dtype_name(ctx.dtype))
 
-    def evaluate(step: int) -> str:
-        losses = validation_losses(model, val, cfg.eval.chunk)
-        ctx.log_many({k: v for k, v in losses.items() if k.startswith("val_loss")}, step=step, **index)
-        return f"val {losses['val_loss_context']:.4f}"
+    def losses(model: ContextualBlock, val) -> dict[str, float]:
+        return validation_losses(model, val, cfg.eval.chunk)
 
     built = OmegaConf.create({"task": OmegaConf.to_container(cfg.task), "model": OmegaConf.to_container(cfg.model)})
     if cfg.get("checkpoint"):
         model, built = load_checkpoint(cfg.checkpoint)
-        model = model.to(device, dtype).eval()
-        evaluate(-1)  # step −1: loaded, not trained here
+        model = model.to(ctx.device, ctx.dtype).eval()
+        val = validation_set(cfg, ctx.device, ctx.dtype)
+        ctx.log_many(losses(model, val), step=-1, **index)  # step −1: loaded, not trained here
     else:
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg).to(device, dtype)
-        train(model, train_settings(cfg), torch.Generator().manual_seed(cfg.seed), device, dtype,
-              lambda step, loss: None, evaluate)
-        model.eval()
+        model = build_model(cfg).to(ctx.device, ctx.dtype)
+        val = train_validated(model, cfg, ctx, index, losses).val
         save_checkpoint(model, cfg, ctx.path("model.pt"))
     for p in model.parameters():
         p.requires_grad_(False)
-    zero = regression_loss(torch.zeros_like(val.targets), val.targets).item()
-    final = validation_losses(model, val, cfg.eval.chunk)["val_loss_context"]
+    final = losses(model, val)["val_loss_context"]
     ctx.claim_at_most("the model learned the task: validation loss with context / zero-predictor loss",
-                      "Dherin §4.1", "small", final / zero, 0.1)
+                      "Dherin §4.1", "small", final / zero_predictor_loss(val), 0.1)
     return model, built
 
 

@@ -68,6 +68,17 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
                          grad_clip=t.grad_clip)
 
 
+def validation_set(cfg: DictConfig, device, dtype) -> LinRegBatch:
+    """The fixed held-out prompts of cfg.eval (its own seed: the same set whatever the run's seed)."""
+    return sample_prompts(cfg.eval.n_val_tasks, cfg.task.n_examples, cfg.task.d,
+                          torch.Generator().manual_seed(cfg.eval.val_seed)).to(device, dtype)
+
+
+def zero_predictor_loss(val: LinRegBatch) -> float:
+    """The loss of ŷ = 0: the scale against which "the model learned the task" is judged."""
+    return regression_loss(torch.zeros_like(val.targets), val.targets).item()
+
+
 @dataclass
 class Trained:
     val: LinRegBatch  # the fixed held-out validation set
@@ -80,9 +91,8 @@ def train_validated(model: nn.Module, cfg: DictConfig, ctx: RunContext, index: d
     """Train with cfg.train / cfg.task on fresh tasks, logging `train_loss` every step and, at every
     checkpoint, `losses(model, val)` (the validation loss computed both ways, and the control) and the
     zero predictor's loss, on the held-out set of cfg.eval (Figs. 2, 5 and 6 left/middle)."""
-    val = sample_prompts(cfg.eval.n_val_tasks, cfg.task.n_examples, cfg.task.d,
-                         torch.Generator().manual_seed(cfg.eval.val_seed)).to(ctx.device, ctx.dtype)
-    zero_loss = regression_loss(torch.zeros_like(val.targets), val.targets).item()
+    val = validation_set(cfg, ctx.device, ctx.dtype)
+    zero_loss = zero_predictor_loss(val)
     gen = torch.Generator().manual_seed(cfg.seed)
 
     def on_step(step: int, loss: float) -> None:

@@ -12,7 +12,6 @@ DIR/inputs.json  context_ids, query_id, and what was checked at export time
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -66,7 +65,3 @@ def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str
     }
     write_json_atomic(out_dir / "inputs.json", summary)
     return summary
-
-
-def read_inputs(out_dir: Path) -> dict:
-    return json.loads((Path(out_dir) / "inputs.json").read_text())
