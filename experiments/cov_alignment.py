@@ -24,6 +24,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.covariance.attention import causal_head, cosine, project, readout_matrix
 from experiments.covariance.closed_forms import gamma_gaussian
 from experiments.covariance.fitting import geometric_grid, log_binned_means, loglog_fit
@@ -167,9 +168,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 def validate(cfg: DictConfig) -> None:
     if not cfg.dims or any(int(d) < 1 for d in cfg.dims):
         raise UserError(f"dims={list(cfg.dims)} must be a non-empty list of positive integers")
-    for key in ("seq_len", "draws", "positions_logged", "late_window", "fit_min_t"):
-        if int(cfg[key]) < 1:
-            raise UserError(f"{key}={cfg[key]} must be at least 1")
+    require_positive(cfg, "seq_len", "draws", "positions_logged", "late_window", "fit_min_t")
     if cfg.late_window > cfg.seq_len or cfg.fit_min_t * 4 > cfg.seq_len:
         raise UserError(f"late_window={cfg.late_window} and 4·fit_min_t={4 * cfg.fit_min_t} "
                         f"must fit in seq_len={cfg.seq_len}")

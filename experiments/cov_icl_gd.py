@@ -29,6 +29,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.covariance.attention import cosine
 from experiments.covariance.closed_forms import sigma_wu
 from experiments.covariance.fitting import geometric_grid, loglog_fit
@@ -212,13 +213,8 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 def validate(cfg: DictConfig) -> None:
-    for key in ("d_u", "d_w", "grid_points", "single.tasks", "single.max_demos", "stack.tasks",
-                "stack.max_demos", "stack.layers"):
-        value = cfg
-        for part in key.split("."):
-            value = value[part]
-        if int(value) < 1:
-            raise UserError(f"{key}={value} must be at least 1")
+    require_positive(cfg, "d_u", "d_w", "grid_points", "single.tasks", "single.max_demos", "stack.tasks",
+                     "stack.max_demos", "stack.layers")
     if not 0 < cfg.diag_low <= cfg.diag_high:
         raise UserError(f"need 0 < diag_low ≤ diag_high, got diag_low={cfg.diag_low}, diag_high={cfg.diag_high}")
     if not 0 < cfg.stack.eta < 2 / cfg.diag_high:

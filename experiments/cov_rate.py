@@ -26,6 +26,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.covariance.attention import tilted_prefix_means
 from experiments.covariance.closed_forms import (
     iid_rate_constant,
@@ -154,9 +155,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 def validate(cfg: DictConfig) -> None:
     if any(not 0 <= float(r) < 1 for r in cfg.rhos):
         raise UserError(f"rhos={list(cfg.rhos)}: AR(1) correlations must lie in [0, 1) for a stationary, mixing stream")
-    for key in ("d", "max_n", "streams", "grid_points", "fit_min_n", "stream_dims"):
-        if int(cfg[key]) < 1:
-            raise UserError(f"{key}={cfg[key]} must be at least 1")
+    require_positive(cfg, "d", "max_n", "streams", "grid_points", "fit_min_n", "stream_dims")
     if cfg.fit_min_n * 4 > cfg.max_n:
         raise UserError(f"fit_min_n={cfg.fit_min_n} leaves less than a factor 4 of n to fit (max_n={cfg.max_n})")
     if not 0 < cfg.tilt_variance:

@@ -26,6 +26,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.data.linreg import sample_prompts
 from experiments.models.linreg import ContextualBlock
 from experiments.models.pretrained import pretrained_block, untrained_block, validate_checkpoint
@@ -198,10 +199,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 def validate(cfg: DictConfig) -> None:
-    for key in ("dynamics.n_tasks", "task.n_examples", "eval.chunk", "eval.n_val_tasks", "train.steps"):
-        section, name = key.split(".")
-        if int(cfg[section][name]) < 1:
-            raise UserError(f"{key}={cfg[section][name]} must be at least 1")
+    require_positive(cfg, "dynamics.n_tasks", "task.n_examples", "eval.chunk", "eval.n_val_tasks", "train.steps")
     if cfg.task.n_examples < 3:
         raise UserError(f"task.n_examples={cfg.task.n_examples}: the dynamics needs at least 3 examples")
     if not 0 < cfg.dynamics.tail_fraction <= 0.5:

@@ -27,6 +27,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.data.linreg import sample_prompts
 from experiments.models.linreg import ContextualBlock
 from experiments.models.pretrained import pretrained_block, validate_checkpoint
@@ -172,10 +173,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 def validate(cfg: DictConfig) -> None:
-    for key in ("factorization.n_tasks", "task.n_examples", "eval.n_val_tasks", "train.steps"):
-        section, name = key.split(".")
-        if int(cfg[section][name]) < 1:
-            raise UserError(f"{key}={cfg[section][name]} must be at least 1")
+    require_positive(cfg, "factorization.n_tasks", "task.n_examples", "eval.n_val_tasks", "train.steps")
     if cfg.model.mlp_skip:
         raise UserError("model.mlp_skip=true: App. E's dynamics is for the block without MLP skip (ΔW alone)")
     validate_checkpoint(cfg)

@@ -34,6 +34,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.data.linreg import sample_prompts
 from experiments.models.pretrained import pretrained_block, validate_checkpoint
 from experiments.patching.dynamics import prefix_contextual_outputs, prefix_patches_from_outputs
@@ -223,10 +224,7 @@ def _band(ax, agg: pd.DataFrame, label: str, **style) -> None:
 def validate(cfg: DictConfig) -> None:
     if not (isinstance(cfg.finetune.lr, (int, float)) and math.isfinite(cfg.finetune.lr) and cfg.finetune.lr > 0):
         raise UserError(f"finetune.lr={cfg.finetune.lr} must be a positive number")
-    for key in ("finetune.n_trials", "task.n_examples", "eval.n_val_tasks", "train.steps"):
-        section, name = key.split(".")
-        if int(cfg[section][name]) < 1:
-            raise UserError(f"{key}={cfg[section][name]} must be at least 1")
+    require_positive(cfg, "finetune.n_trials", "task.n_examples", "eval.n_val_tasks", "train.steps")
     if cfg.finetune.n_trials < 2:
         raise UserError("finetune.n_trials must be at least 2 (the other-task control pairs trials)")
     if cfg.model.mlp_skip:

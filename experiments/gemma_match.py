@@ -27,6 +27,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.patching.gemma3 import VARIANTS
 
 SOURCE = "Goldwaser §4.2"
@@ -52,8 +53,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"variant={cfg.variant!r} is not one of {', '.join(VARIANTS)}")
     if cfg.sampling not in SAMPLING:
         raise UserError(f"sampling={cfg.sampling!r} is not one of {', '.join(SAMPLING)}")
-    if int(cfg.max_new_tokens) < 1:
-        raise UserError(f"max_new_tokens={cfg.max_new_tokens} must be at least 1")
+    require_positive(cfg, "max_new_tokens")
     if float(cfg.temperature) <= 0:
         raise UserError(f"temperature={cfg.temperature} must be positive")
     if not str(cfg.model).strip():

@@ -25,6 +25,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.data.linreg import make_prompts
 from experiments.models.linreg import ContextualBlock
 from experiments.models.pretrained import build_model, save_checkpoint, validation_losses
@@ -140,11 +141,8 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"task.d={cfg.task.d}: Fig. 2's grid is over (x1, x2), so linreg_icl needs task.d=2")
     if cfg.model.d_model % cfg.model.n_heads:
         raise UserError(f"model.d_model={cfg.model.d_model} must be divisible by model.n_heads={cfg.model.n_heads}")
-    for key in ("train.steps", "train.batch_size", "train.eval_every", "task.n_examples", "eval.n_val_tasks",
-                "eval.grid_tasks", "eval.grid_size", "eval.chunk"):
-        section, name = key.split(".")
-        if int(cfg[section][name]) < 1:
-            raise UserError(f"{key}={cfg[section][name]} must be at least 1")
+    require_positive(cfg, "train.steps", "train.batch_size", "train.eval_every", "task.n_examples",
+                     "eval.n_val_tasks", "eval.grid_tasks", "eval.grid_size", "eval.chunk")
     if cfg.eval.grid_size % 2:
         raise UserError(f"eval.grid_size={cfg.eval.grid_size} must be even: an odd grid contains x = 0, "
                         "where A(x) = 0 and the patch ΔW is undefined (Theorem 2.2 needs A(x) ≠ 0)")

@@ -28,6 +28,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.covariance.closed_forms import tilt_variance
 from experiments.covariance.collapse import (
     Head,
@@ -138,9 +139,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 def validate(cfg: DictConfig) -> None:
-    for key in ("d", "layers", "streams", "seq_len", "fit_min_t", "late_window", "bins_per_decade"):
-        if int(cfg[key]) < 1:
-            raise UserError(f"{key}={cfg[key]} must be at least 1")
+    require_positive(cfg, "d", "layers", "streams", "seq_len", "fit_min_t", "late_window", "bins_per_decade")
     if not 0 <= cfg.estimate.burn_in < cfg.estimate.seq_len - 1:
         raise UserError(f"estimate.burn_in={cfg.estimate.burn_in} must be below "
                         f"estimate.seq_len={cfg.estimate.seq_len}")

@@ -26,6 +26,7 @@ from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.data.linreg import sample_prompts
 from experiments.models.post_ln_stack import PostLNStack
 from experiments.models.pretrained import loss_summary
@@ -138,11 +139,8 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 def validate(cfg: DictConfig) -> None:
     if cfg.model.d_model % cfg.model.n_heads:
         raise UserError(f"model.d_model={cfg.model.d_model} must be divisible by model.n_heads={cfg.model.n_heads}")
-    for key in ("model.n_layers", "train.steps", "train.batch_size", "train.eval_every", "task.n_examples",
-                "eval.n_val_tasks", "eval.block_tasks", "eval.chunk"):
-        section, name = key.split(".")
-        if int(cfg[section][name]) < 1:
-            raise UserError(f"{key}={cfg[section][name]} must be at least 1")
+    require_positive(cfg, "model.n_layers", "train.steps", "train.batch_size", "train.eval_every", "task.n_examples",
+                     "eval.n_val_tasks", "eval.block_tasks", "eval.chunk")
     k = cfg.patch.remove_first
     if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= cfg.task.n_examples):
         raise UserError(f"patch.remove_first={k!r} must be null (all of the context) or an integer "

@@ -30,6 +30,7 @@ from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
+from experiments.core.validation import require_positive
 from experiments.data.linreg import sample_prompts
 from experiments.models.linreg import ContextualBlock
 from experiments.models.pretrained import build_model as build_attention_block
@@ -171,11 +172,9 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 def validate(cfg: DictConfig) -> None:
-    for key in ("train.steps", "train.batch_size", "train.eval_every", "task.n_examples", "eval.n_val_tasks",
-                "eval.chunk", "dynamics.n_tasks", "attention.train.steps", "attention.train.batch_size"):
-        node = OmegaConf.select(cfg, key)
-        if int(node) < 1:
-            raise UserError(f"{key}={node} must be at least 1")
+    require_positive(cfg, "train.steps", "train.batch_size", "train.eval_every", "task.n_examples",
+                     "eval.n_val_tasks", "eval.chunk", "dynamics.n_tasks", "attention.train.steps",
+                     "attention.train.batch_size")
     if cfg.model.nonlinearity not in ("relu", "tanh"):
         raise UserError(f"model.nonlinearity={cfg.model.nonlinearity!r} must be relu or tanh (torch.nn.RNN's choices)")
     if cfg.task.n_examples < 3:
