@@ -16,6 +16,7 @@ import pandas as pd
 from experiments.core import registry
 from experiments.core.errors import UserError
 from experiments.core.results import (
+    CHECK_COLUMNS,
     CLAIM_COLUMNS,
     CLAIMS_FILE,
     FIGURES_DIR,
@@ -66,7 +67,9 @@ def render_multirun(sweep_dir: Path) -> list[Path]:
             c.insert(0, "job", j.name)
             claims.append(c)
     if claims:
-        write_csv_atomic(sweep_dir / CLAIMS_FILE, pd.concat(claims, ignore_index=True)[["job", *CLAIM_COLUMNS]])
+        combined = pd.concat(claims, ignore_index=True)
+        columns = CHECK_COLUMNS if "id" in combined.columns else CLAIM_COLUMNS
+        write_csv_atomic(sweep_dir / CLAIMS_FILE, combined[["job", *columns]])
     return exp.plot(metrics, sweep_dir / FIGURES_DIR)
 
 

@@ -1,7 +1,8 @@
 """The experiment registry.
 
-An experiment is a module `experiments/<name>.py` that defines `EXPERIMENT = Experiment(...)`
-next to a config `conf/experiment/<name>.yaml`. Discovery pairs the two, so adding an
+An experiment is a module `experiments/<paper>/<name>.py` (one package per paper, PAPER_PACKAGES;
+`experiments/<name>.py` is still found while the layout moves) that defines
+`EXPERIMENT = Experiment(...)` next to a config `conf/experiment/<name>.yaml`. Discovery pairs the two, so adding an
 experiment touches no central list. Modules are imported only when used (`list` reads the
 metadata by importing, which is cheap because heavy imports such as transformers are done
 inside functions).
@@ -10,6 +11,7 @@ inside functions).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,8 @@ from omegaconf import DictConfig
 from experiments.core.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# One package per paper, in the order `icl-exp list` shows them.
+PAPER_PACKAGES = ("dherin", "goldwaser", "karbevski", "xu_fang")
 CONF_DIR = REPO_ROOT / "conf"
 
 
@@ -45,11 +49,19 @@ def get(name: str) -> Experiment:
     names = experiment_names()
     if name not in names:
         raise UserError(f"unknown experiment {name!r}; known: {', '.join(names)}")
-    module = importlib.import_module(f"experiments.{name}")
+    module = importlib.import_module(_module_name(name))
     exp = getattr(module, "EXPERIMENT", None)
     if not isinstance(exp, Experiment) or exp.name != name:
         raise RuntimeError(f"experiments/{name}.py must define EXPERIMENT = Experiment(name={name!r}, ...)")
     return exp
+
+
+def _module_name(name: str) -> str:
+    for package in PAPER_PACKAGES:
+        candidate = f"experiments.{package}.{name}"
+        if importlib.util.find_spec(f"experiments.{package}") and importlib.util.find_spec(candidate):
+            return candidate
+    return f"experiments.{name}"
 
 
 def all_experiments() -> list[Experiment]:

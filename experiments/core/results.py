@@ -8,6 +8,7 @@ flushed atomically now and then, so a crash keeps what was measured so far.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,16 @@ METRICS_FILE = "metrics.csv"
 CLAIMS_FILE = "claims.csv"
 RUN_FILE = "run.json"
 FIGURES_DIR = "figures"
+# Legacy columns (claims recorded through claim/claim_at_most/...; being replaced by `check`).
 CLAIM_COLUMNS = ["claim", "source", "paper_value", "measured", "tolerance", "passed"]
+# The claim contract (DESIGN.md): a stable id, the paper's reference, a description with no measured
+# numbers in it, the paper's number (or empty), what this run measured, and how the two are compared:
+#   comparison "<="     passes when measured <= tolerance       (tolerance is the bound)
+#   comparison ">="     passes when measured >= tolerance       (tolerance is the bar to clear)
+#   comparison "within" passes when |measured - paper_value| <= tolerance
+CHECK_COLUMNS = ["id", "ref", "description", "paper_value", "measured", "tolerance", "comparison", "passed"]
+COMPARISONS = ("<=", ">=", "within")
+_CLAIM_ID = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
 METRIC_LEAD_COLUMNS = ["experiment", "run_id", "metric", "value"]
 
 
@@ -100,7 +110,35 @@ class RunContext:
         return self.claim(claim, source, paper_value, measured, tolerance,
                           abs(measured - float(paper_value)) <= tolerance)
 
+    def check(self, id: str, ref: str, description: str, measured: Any, comparison: str, tolerance: float,
+              paper_value: float | None = None) -> bool:
+        """Record one claim with a stable id (`paper.figure.what`, the same across runs and presets).
+
+        `measured` must come from a computation independent of the other side of the claim; NaN fails.
+        """
+        if not _CLAIM_ID.match(id):
+            raise ValueError(f"claim id {id!r} must look like 'paper.figure.what' (lowercase, dots)")
+        if comparison not in COMPARISONS:
+            raise ValueError(f"comparison {comparison!r} must be one of {COMPARISONS}")
+        if comparison == "within" and paper_value is None:
+            raise ValueError(f"claim {id}: 'within' needs a paper_value")
+        measured = float(_as_scalar(measured))
+        tolerance = float(_as_scalar(tolerance))
+        if comparison == "<=":
+            passed = measured <= tolerance
+        elif comparison == ">=":
+            passed = measured >= tolerance
+        else:
+            passed = abs(measured - float(paper_value)) <= tolerance
+        passed = bool(passed) and not math.isnan(measured)
+        self._claims.append(dict(id=id, ref=ref, description=description,
+                                 paper_value=None if paper_value is None else float(paper_value),
+                                 measured=measured, tolerance=tolerance, comparison=comparison, passed=passed))
+        return passed
+
     def claims(self) -> pd.DataFrame:
+        if self._claims and "id" in self._claims[0]:
+            return pd.DataFrame(self._claims, columns=CHECK_COLUMNS)
         return pd.DataFrame(self._claims, columns=CLAIM_COLUMNS)
 
     # -- files -----------------------------------------------------------------------------

@@ -100,8 +100,12 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     record["claims_passed"] = int(claims["passed"].sum())
     record["claims_total"] = len(claims)
     write_json_atomic(run_json, record)
-    for row in claims.itertuples():
-        log.info("claim %-4s %s: measured %.4g (tolerance %s)", "PASS" if row.passed else "FAIL",
-                 row.claim, row.measured, row.tolerance)
+    for row in claims.to_dict("records"):
+        if "id" in row:
+            log.info("claim %-4s %s: measured %.3g %s %.3g", "PASS" if row["passed"] else "FAIL", row["id"],
+                     row["measured"], row["comparison"], row["tolerance"])
+        else:
+            log.info("claim %-4s %s: measured %.4g (tolerance %s)", "PASS" if row["passed"] else "FAIL",
+                     row["claim"], row["measured"], row["tolerance"])
     log.info("done in %.1fs: %s", record["wall_time_s"], run_dir)
     return ctx
