@@ -43,7 +43,7 @@ def measure(mode: str, model_name: str, dtype_name: str, tokens: int, variant: s
         torch.set_num_threads(threads)
 
     from experiments.core.runtime import resolve_dtype
-    from experiments.models.gemma import encode_prompt, load_gemma
+    from experiments.goldwaser.gemma_models import encode_prompt, load_gemma
     from experiments.patching.gemma3_generate import GemmaPatcher, compare_generation
 
     bundle = load_gemma(model_name, resolve_dtype(dtype_name), "cpu", seed=0)

@@ -31,7 +31,7 @@ def unique_stamp() -> str:
 
 @app.command("list")
 def list_experiments() -> None:
-    """Every registered experiment, one line each: name, paper, figure(s), what it shows."""
+    """Every registered experiment, one line each, grouped by paper: name, paper, figure(s), what it shows."""
     from experiments.core import registry
 
     rows = [(e.name, e.paper, e.figures, e.description) for e in registry.all_experiments()]

@@ -73,7 +73,7 @@ def export(ctx: typer.Context) -> None:
 def _export(opts: dict[str, str]) -> dict:
     from experiments.core.errors import UserError
     from experiments.core.runtime import resolve_device, resolve_dtype
-    from experiments.models.gemma import load_gemma, threads_for
+    from experiments.goldwaser.gemma_models import load_gemma, threads_for
     from experiments.patching.gemma3 import VARIANTS
     from experiments.patching.gemma3_export import PAPER_PROMPT, export_patched
 

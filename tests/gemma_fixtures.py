@@ -6,7 +6,7 @@ from functools import cache
 
 import torch
 
-from experiments.models.gemma import GemmaBundle, encode_prompt, load_gemma
+from experiments.goldwaser.gemma_models import GemmaBundle, encode_prompt, load_gemma
 
 PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
 

@@ -1,11 +1,10 @@
 """The experiment registry.
 
-An experiment is a module `experiments/<paper>/<name>.py` (one package per paper, PAPER_PACKAGES;
-`experiments/<name>.py` is still found while the layout moves) that defines
-`EXPERIMENT = Experiment(...)` next to a config `conf/experiment/<name>.yaml`. Discovery pairs the two, so adding an
-experiment touches no central list. Modules are imported only when used (`list` reads the
-metadata by importing, which is cheap because heavy imports such as transformers are done
-inside functions).
+An experiment is a module `experiments/<paper>/<name>.py` (one package per paper, PAPER_PACKAGES)
+that defines `EXPERIMENT = Experiment(...)` next to a config `conf/experiment/<name>.yaml`.
+Discovery pairs the two, so adding an experiment touches no central list. Modules are imported
+only when used (`list` reads the metadata by importing, which is cheap because heavy imports such
+as transformers are done inside functions).
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ def get(name: str) -> Experiment:
     module = importlib.import_module(_module_name(name))
     exp = getattr(module, "EXPERIMENT", None)
     if not isinstance(exp, Experiment) or exp.name != name:
-        raise RuntimeError(f"experiments/{name}.py must define EXPERIMENT = Experiment(name={name!r}, ...)")
+        raise RuntimeError(f"{module.__name__} must define EXPERIMENT = Experiment(name={name!r}, ...)")
     return exp
 
 
@@ -61,8 +60,16 @@ def _module_name(name: str) -> str:
         candidate = f"experiments.{package}.{name}"
         if importlib.util.find_spec(f"experiments.{package}") and importlib.util.find_spec(candidate):
             return candidate
-    return f"experiments.{name}"
+    raise RuntimeError(f"conf/experiment/{name}.yaml has no module experiments/<paper>/{name}.py "
+                       f"(papers: {', '.join(PAPER_PACKAGES)})")
+
+
+def paper_package(name: str) -> str:
+    """The paper package an experiment lives in (e.g. "dherin")."""
+    return _module_name(name).split(".")[1]
 
 
 def all_experiments() -> list[Experiment]:
-    return [get(name) for name in experiment_names()]
+    """Every experiment, grouped by paper (PAPER_PACKAGES order), by name within a paper."""
+    names = sorted(experiment_names(), key=lambda n: (PAPER_PACKAGES.index(paper_package(n)), n))
+    return [get(name) for name in names]

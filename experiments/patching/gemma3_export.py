@@ -18,7 +18,7 @@ import torch
 
 from experiments.core.atomic import write_json_atomic
 from experiments.core.errors import UserError
-from experiments.models.gemma import GemmaBundle, encode_prompt
+from experiments.goldwaser.gemma_models import GemmaBundle, encode_prompt
 from experiments.patching.gemma3_generate import GemmaPatcher, logit_comparison
 
 PAPER_PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."

@@ -1,0 +1,1 @@
+"""The toy nn.Modules of Dherin et al. (explicit arguments; no config readers, no training)."""

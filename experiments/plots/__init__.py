@@ -1,1 +1,0 @@
-"""Figure pieces shared by several experiments."""

@@ -1,0 +1,119 @@
+"""dw_convergence end to end through the CLI at preset=smoke, asserting on its CSVs; checkpoint loading."""
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.dherin.dynamics import decay_summary
+
+FIGURE = "fig3_dw_convergence"
+N, TASKS = 20, 12  # the smoke preset's context length and task count
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path_factory.mktemp("dwc") / "run"
+    proc = run_cli("run", "dw_convergence", "preset=smoke", "seed=3", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_run_folder_follows_the_contract(smoke_run):
+    for name in ("metrics.csv", "claims.csv", "run.json", "model.pt", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf"):
+        assert (smoke_run / name).is_file(), name
+    record = json.loads((smoke_run / "run.json").read_text())
+    assert record["status"] == "complete" and record["seed"] == 3 and record["preset"] == "smoke"
+
+
+def test_increments_of_every_prefix_are_recorded(smoke_run):
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    for variant in ("trained", "untrained"):
+        for norm in ("op2", "fro"):
+            rows = m[(m.metric == f"increment_norm_{norm}") & (m.variant == variant)]
+            assert len(rows) == TASKS * (N - 1), (variant, norm)
+            assert sorted(rows.context_length.unique()) == list(range(1, N))
+            assert rows.task.nunique() == TASKS and (rows.value > 0).all()
+    # §3's increments are rank-1: their 2-norm is their Frobenius norm
+    op2 = m[m.metric == "increment_norm_op2"].value.to_numpy()
+    fro = m[m.metric == "increment_norm_fro"].value.to_numpy()
+    np.testing.assert_allclose(op2, fro, rtol=1e-4)
+    assert (m[m.metric == "rank1_norm_gap"].value < 1e-4).all()
+    assert len(m[m.metric == "patch_norm_fro"]) == TASKS * N
+
+
+def test_prop31_and_prefix_patches_are_exact_beside_their_controls(smoke_run):
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    err, step = m[m.metric == "prop31_max_abs_err"], m[m.metric == "prop31_step_max_abs"]
+    assert sorted(err.step_from) == list(range(N))  # every step W_i -> W_(i+1), i = 0..N-1
+    assert err.value.max() < 1e-5 and step.value.min() > 1e-3
+    patch, ctrl = m[m.metric == "patch_max_abs_err"], m[m.metric == "no_context_max_abs_diff"]
+    assert sorted(patch.context_length) == list(range(1, N + 1))
+    assert patch.value.max() < 1e-5 and ctrl.value.min() > 1e-3
+
+
+def test_claims_are_measured(smoke_run):
+    c = pd.read_csv(smoke_run / "claims.csv")
+    passed = dict(zip(c.source + " | " + c.claim.str[:20], c.passed, strict=True))
+    exact = c[c.source.str.contains("Prop 3.1|Eqs 6-9")]
+    assert len(exact) == 4 and exact.passed.all(), passed
+    learned = c[c.source == "Dherin §4.1"].iloc[0]
+    assert not learned.passed and learned.measured > 0.1  # 30 steps do not teach the task
+    decay = c[c.source == "Dherin §4.3 Fig 3"]
+    assert len(decay) == 2 and np.isfinite(decay.measured).all()
+    # the decay claim is the summary of the logged curve, not a separate number
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    rows = m[(m.metric == "increment_norm_op2") & (m.variant == "trained")]
+    curve = rows.groupby("context_length").value.mean().to_numpy()
+    assert decay.measured.iloc[0] == pytest.approx(decay_summary(curve, 0.1)["decay_ratio_tail_to_head"], rel=1e-6)
+
+
+def test_decay_summary_of_a_power_law():
+    i = np.arange(1, 200)
+    s = decay_summary(3.0 * i ** -1.0, 0.1)
+    assert s["decay_fit_slope"] == pytest.approx(-1.0, abs=1e-9)
+    assert s["decay_ratio_tail_to_head"] < 0.05
+    flat = decay_summary(np.ones(50), 0.1)
+    assert flat["decay_ratio_tail_to_head"] == pytest.approx(1.0) and abs(flat["decay_fit_slope"]) < 1e-9
+
+
+def test_checkpoint_loads_the_same_weights(smoke_run, icl, tmp_path):
+    """checkpoint=RUN_DIR: no training, and the loaded model's validation loss is the trained one's."""
+    run_dir = tmp_path / "loaded"
+    proc = icl("run", "dw_convergence", "preset=smoke", "seed=3", f"checkpoint={smoke_run}", "dynamics.n_tasks=3",
+               f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained, loaded = pd.read_csv(smoke_run / "metrics.csv"), pd.read_csv(run_dir / "metrics.csv")
+    assert not (run_dir / "model.pt").exists()
+    val = loaded[loaded.metric == "val_loss_context"]
+    assert val.step.tolist() == [-1]
+    final = trained[trained.metric == "val_loss_context"].sort_values("step").value.iloc[-1]
+    assert val.value.iloc[0] == pytest.approx(final, rel=1e-6)
+    assert len(loaded[(loaded.metric == "increment_norm_op2") & (loaded.variant == "trained")]) == 3 * (N - 1)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "nowhere", "no such file"),
+    (lambda d: (d / "junk.pt").write_text("not a checkpoint") and d / "junk.pt", "not a linreg_icl checkpoint"),
+])
+def test_bad_checkpoint_is_a_one_line_error(icl, tmp_path, make, message):
+    path = make(tmp_path)
+    run_dir = tmp_path / "run"
+    proc = icl("run", "dw_convergence", "preset=smoke", f"checkpoint={path}", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_plot_rerenders_from_csvs_alone(smoke_run, tmp_path, icl):
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_run, copy)
+    shutil.rmtree(copy / "figures")
+    (copy / "model.pt").unlink()
+    proc = icl("plot", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert (copy / "figures" / f"{FIGURE}.png").stat().st_size > 1000

@@ -1,0 +1,69 @@
+"""factorization (App. E) end to end through the CLI at preset=smoke, asserting on its CSVs."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments.dherin.factorization import reversed_products
+
+FIGURE = "figE_factorization"
+N, TASKS = 20, 12  # the smoke preset's context length and task count
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path_factory.mktemp("fac") / "run"
+    proc = run_cli("run", "factorization", "preset=smoke", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_run_folder_follows_the_contract(smoke_run):
+    for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf"):
+        assert (smoke_run / name).is_file(), name
+    assert json.loads((smoke_run / "run.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float64", 1e-12)])
+def test_every_step_keeps_the_output_and_the_product_form_holds(smoke_run, dtype, tol):
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    m = m[m.dtype == dtype]
+
+    def curve(name):
+        rows = m[m.metric == name].sort_values("tokens_consumed")
+        assert rows.tokens_consumed.tolist() == list(range(N + 1)), name  # i = 0..n, every step
+        return rows.value.to_numpy()
+
+    assert curve("eq28_max_abs_err").max() < tol
+    assert curve("eq28_control_unpatched")[1:].min() > 1e-4  # without the patch the output moves
+    assert curve("eq31_max_abs_err").max() < tol
+    assert curve("eq31_control_reversed")[2:].min() > 1e-4  # the factors do not commute
+    steps = m[m.metric == "step_norm_op2"]
+    assert len(steps) == TASKS * N and steps.task.nunique() == TASKS
+    fro = m[m.metric == "step_norm_fro"].value.to_numpy()
+    assert (steps.value.to_numpy() <= fro * (1 + 1e-6)).all()
+    # W_n is not Cor. 2.5.1's W_0 + ΔW(C), though both absorb the whole context
+    assert m[m.metric == "wn_vs_eq2_patch_max_abs"].value.iloc[0] > 1e-4
+
+
+def test_claims_are_measured(smoke_run):
+    c = pd.read_csv(smoke_run / "claims.csv")
+    exact = c[c.source.str.startswith("Dherin App E")]
+    assert len(exact) == 8 and exact.passed.all(), exact[["claim", "measured", "tolerance"]]
+    f64 = exact[exact.claim.str.startswith("[float64] Eq 31:")].iloc[0]
+    assert f64.measured < 1e-12
+
+
+def test_reversed_products_multiply_in_reverse():
+    g = torch.Generator().manual_seed(0)
+    W0 = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    F = torch.randn(2, 4, 3, 3, generator=g, dtype=torch.float64)
+    R = reversed_products(W0, F)
+    assert R.shape == (2, 5, 5, 3)
+    for b in range(2):
+        torch.testing.assert_close(R[b, 0], W0)
+        torch.testing.assert_close(R[b, 4], W0 @ F[b, 3] @ F[b, 2] @ F[b, 1] @ F[b, 0])

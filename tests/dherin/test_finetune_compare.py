@@ -1,0 +1,103 @@
+"""finetune_compare end to end through the CLI at preset=smoke (one run and an lr sweep), and its
+batched SGD against a plain per-trial loop."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments.dherin.finetune_compare import normalized_inner, query_predictions, sgd_path
+from experiments.dherin.models.linreg import MLP
+
+FIGURE = "fig4_finetune_compare"
+M, TRIALS = 20, 12  # the smoke preset's context length and trial count
+SERIES = ("gd_test_loss", "dw_test_loss", "cos_dw_ft", "cos_random_rank1_ft", "cos_other_task_dw_ft",
+          "cos_dw_step_ft_step")
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path_factory.mktemp("ftc") / "run"
+    proc = run_cli("run", "finetune_compare", "preset=smoke", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_run_folder_follows_the_contract(smoke_run):
+    for name in ("metrics.csv", "claims.csv", "run.json", "model.pt", f"figures/{FIGURE}.png"):
+        assert (smoke_run / name).is_file(), name
+    assert json.loads((smoke_run / "run.json").read_text())["status"] == "complete"
+
+
+def test_every_trial_and_step_is_recorded(smoke_run):
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    for name in SERIES:
+        rows = m[m.metric == name]
+        first = 0 if name.endswith("loss") else 1  # i = 0 of the losses is the unpatched, unfinetuned model
+        assert len(rows) == TRIALS * (M + 1 - first), name
+        assert sorted(rows.context_length.unique()) == list(range(first, M + 1))
+        assert (rows.lr == 0.3).all()
+    start = m[m.context_length == 0].pivot_table(index="trial", columns="metric", values="value")
+    pd.testing.assert_series_equal(start.gd_test_loss, start.dw_test_loss, check_names=False)
+    cos = m[m.metric.str.startswith("cos_")].value
+    assert cos.between(-1 - 1e-6, 1 + 1e-6).all()
+    # ΔW's test prediction is the with-context prediction; the MLP shortcut is the full model's forward
+    assert m[m.metric == "dw_vs_context_max_abs"].value.iloc[0] < 1e-5
+    assert m[m.metric == "shortcut_vs_full_forward_max_abs"].value.iloc[0] < 1e-5
+    # finetuning changed the loss (the control at i = 0 is not what SGD ends at)
+    gd = m[m.metric == "gd_test_loss"].pivot_table(index="trial", columns="context_length", values="value")
+    assert (gd[M] - gd[0]).abs().max() > 1e-4
+
+
+def test_claims_are_measured(smoke_run):
+    c = pd.read_csv(smoke_run / "claims.csv")
+    assert c.source.str.startswith("Dherin §4.4 Fig 4").sum() == 4
+    assert c[c.source == "Dherin Cor 2.5.1"].passed.all()
+    assert c.measured.notna().all()
+
+
+def test_lr_sweep_is_one_series_per_lr(smoke_run, icl, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = icl("run", "finetune_compare", "-m", "preset=smoke", f"checkpoint={smoke_run}", "finetune.n_trials=3",
+               "finetune.lr=0.003,0.03", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = pd.concat([pd.read_csv(sweep / j / "metrics.csv") for j in ("0", "1")])
+    assert sorted(m.lr.dropna().unique()) == [0.003, 0.03]
+    dw = m[m.metric == "dw_test_loss"].pivot_table(index=["trial", "context_length"], columns="lr", values="value")
+    pd.testing.assert_series_equal(dw[0.003], dw[0.03], check_names=False)  # ΔW does not depend on lr
+    gd = m[(m.metric == "gd_test_loss") & (m.context_length == M)].groupby("lr").value.mean()
+    assert abs(gd[0.003] - gd[0.03]) > 1e-6
+    assert (sweep / "figures" / f"{FIGURE}.png").stat().st_size > 1000
+
+
+def test_batched_sgd_is_plain_sgd_per_trial():
+    """vmap(grad) over trials = a Python loop of torch.autograd SGD steps, one trial at a time."""
+    torch.manual_seed(0)
+    mlp = MLP(3, 8, 3).double()
+    g = torch.Generator().manual_seed(1)
+    T, K, lr = 4, 5, 0.1
+    a = torch.randn(T, K, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(T, K, generator=g, dtype=torch.float64)
+    W0 = mlp.w1.weight.detach()
+    path = sgd_path(mlp, W0, a, y, lr)
+    assert path.shape == (T, K, 8, 3)
+    for t in range(T):
+        W = W0.clone()
+        for k in range(K):
+            W.requires_grad_(True)
+            h = torch.relu(a[t, k] @ W.T + mlp.w1.bias)
+            loss = 0.5 * (mlp.w2(h)[-1] - y[t, k]) ** 2
+            (grad,) = torch.autograd.grad(loss, W)
+            W = (W - lr * grad).detach()
+            torch.testing.assert_close(path[t, k], W, rtol=0, atol=1e-14)
+    pred = query_predictions(mlp, path, a[:, 0])
+    torch.testing.assert_close(pred[2, 3], mlp.w2(torch.relu(path[2, 3] @ a[2, 0] + mlp.w1.bias))[-1])
+
+
+def test_normalized_inner_product():
+    A = torch.randn(2, 4, 3, dtype=torch.float64)
+    torch.testing.assert_close(normalized_inner(A, 3 * A), torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(normalized_inner(A, -A), -torch.ones(2, dtype=torch.float64))

@@ -1,0 +1,163 @@
+"""rnn_context: the RNN block on random tensors, then end to end through the CLI at preset=smoke."""
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments.core.results import CLAIM_COLUMNS
+from experiments.data.linreg import sample_prompts
+from experiments.dherin.dynamics import prefix_patches
+from experiments.dherin.models.linreg import predict
+from experiments.dherin.models.rnn import rnn_block
+from experiments.dherin.patched_forward import forward_with, patched_params, predictions_three_ways, supports_vmap
+
+FIGURE = "fig6_rnn_context"
+SOURCE = "Dherin App. D.1 Fig 6"
+
+
+def random_rnn_block(seed=0):
+    torch.manual_seed(seed)
+    return rnn_block(2, d_model=16, d_mlp=24).double().eval()
+
+
+def test_rnn_contextual_layer_is_causal_and_token_wide():
+    """Output (B, T, d+1); position t depends on tokens 1..t only (what the prefix patches assume)."""
+    model = random_rnn_block()
+    rng = torch.Generator().manual_seed(0)
+    tokens = torch.randn(3, 9, 3, generator=rng, dtype=torch.float64)
+    out = model.contextual(tokens)
+    assert out.shape == (3, 9, 3)
+    changed = tokens.clone()
+    changed[:, 5:] += 1.0
+    torch.testing.assert_close(model.contextual(changed)[:, :5], out[:, :5], rtol=0, atol=0)
+    assert (model.contextual(changed)[:, 5:] - out[:, 5:]).abs().min() > 0
+
+
+def test_patch_is_exact_for_the_rnn_block():
+    """Theorem 2.2 with an RNN contextual layer, through the patched model's own forward, task by task."""
+    model = random_rnn_block()
+    assert not supports_vmap(model)  # nn.RNN has no batching rule: forward_with loops over tasks
+    batch = sample_prompts(8, 30, 2, torch.Generator().manual_seed(1), torch.float64)
+    patched = forward_with(model, patched_params(model, batch.tokens), batch.query)
+    torch.testing.assert_close(patched[:, -1], model(batch.tokens)[:, -1], rtol=0, atol=1e-12)
+    preds = predictions_three_ways(model, batch.tokens)
+    torch.testing.assert_close(preds["patched"], predict(model(batch.tokens)), rtol=0, atol=1e-12)
+    assert (preds["no_context"] - preds["context"]).abs().mean() > 1e-3
+
+
+def test_prefix_patches_reproduce_every_prefix_for_the_rnn():
+    """dynamics.prefix_patches works unchanged on the RNN block: Φ_{W+(ΔW)_i}(x) = Φ_W(C_i, x)."""
+    model = random_rnn_block()
+    batch = sample_prompts(3, 12, 2, torch.Generator().manual_seed(2), torch.float64)
+    patches = prefix_patches(model, batch.tokens)  # (B, N, d_mlp, d+1)
+    assert patches.shape == (3, 12, 24, 3)
+    for i in (1, 5, 12):
+        prefix = torch.cat([batch.tokens[:, :i], batch.query], dim=1)
+        W = {"mlp.w1.weight": model.mlp.w1.weight + patches[:, i - 1]}
+        torch.testing.assert_close(forward_with(model, W, batch.query)[:, -1], model(prefix)[:, -1],
+                                   rtol=0, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path_factory.mktemp("rnn") / "run"
+    proc = run_cli("run", "rnn_context", "preset=smoke", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_run_folder_follows_the_contract(smoke_run):
+    for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf"):
+        assert (smoke_run / name).is_file(), name
+    record = json.loads((smoke_run / "run.json").read_text())
+    assert record["status"] == "complete" and record["preset"] == "smoke"
+
+
+def test_losses_agree_both_ways_and_the_control_does_not(smoke_run):
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    assert (m.experiment == "rnn_context").all()
+    assert (m.nonlinearity == "relu").all()  # the default RNN
+    assert sorted(m[m.metric == "train_loss"].step) == list(range(1, 31))
+    val = m[m.metric.str.startswith("val_loss")].pivot_table(index="step", columns="metric", values="value")
+    assert list(val.index) == [0, 10, 20, 30]
+    rel = (val.val_loss_context - val.val_loss_patched).abs() / val.val_loss_context
+    assert rel.max() < 1e-5
+    assert (m[m.metric == "val_max_abs_diff"].value < 1e-5).all()
+    assert ((val.val_loss_no_context - val.val_loss_context).abs() / val.val_loss_context).min() > 1e-4
+
+
+def test_increments_for_both_contextual_layers(smoke_run):
+    """Fig. 6 right: ‖(ΔW)_(i+1) − (ΔW)_i‖₂ for i = 1..N−1 and 8 tasks, RNN beside attention."""
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    inc = m[m.metric == "increment_norm_op2"]
+    for layer in ("rnn", "attention"):
+        s = inc[inc.contextual == layer]
+        assert len(s) == 8 * 19 and sorted(s.context_length.unique()) == list(range(1, 20))
+        assert (s.value > 0).all() and s.value.notna().all()
+    ratios = m[m.metric == "decay_ratio_tail_to_head"].set_index("contextual").value
+    assert set(ratios.index) == {"rnn", "attention"}
+    # the ratio is recomputable from the per-task rows (what the claims use): tail 2 of 19 over head 2
+    rnn = inc[inc.contextual == "rnn"].groupby("context_length").value.mean()
+    assert ratios["rnn"] == pytest.approx(rnn.iloc[-2:].mean() / rnn.iloc[:2].mean(), rel=1e-9)
+
+
+def test_claims_are_measured(smoke_run):
+    c = pd.read_csv(smoke_run / "claims.csv")
+    assert list(c.columns) == CLAIM_COLUMNS and len(c) == 7
+    passed = dict(zip(c.source, c.passed, strict=True))
+    assert passed[SOURCE + " left/middle"] and passed[SOURCE + " middle"] and passed[SOURCE + " (control)"]
+    learned = c[c.source == SOURCE + " left"].iloc[0]
+    assert not learned.passed and learned.measured > 0.5  # 30 steps do not teach the task; it says so
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    ratio = m[m.metric == "decay_ratio_tail_to_head"].set_index("contextual").value
+    assert c[c.source == SOURCE + " right"].measured.item() == pytest.approx(ratio["rnn"])
+    assert c[c.source == SOURCE + " right (vs Fig 3)"].measured.item() == pytest.approx(ratio["attention"])
+
+
+def test_plot_rerenders_from_csvs_alone(smoke_run, tmp_path, icl):
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_run, copy)
+    shutil.rmtree(copy / "figures")
+    proc = icl("plot", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert (copy / "figures" / f"{FIGURE}.png").stat().st_size > 1000
+
+
+def test_attention_checkpoint_from_a_linreg_icl_run(icl, tmp_path):
+    """attention.checkpoint=PATH loads linreg_icl's saved model instead of training one here."""
+    lin = tmp_path / "lin"
+    proc = icl("run", "linreg_icl", "preset=smoke", "train.steps=5", "eval.grid_tasks=1", f"hydra.run.dir={lin}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    proc = icl("run", "rnn_context", "preset=smoke", "train.steps=5", f"attention.checkpoint={lin / 'model.pt'}",
+               f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    c = pd.read_csv(run_dir / "claims.csv")
+    assert c.claim.str.contains("attention model \\(loaded\\)").any()
+    bad = icl("run", "rnn_context", "preset=smoke", f"attention.checkpoint={tmp_path / 'nope.pt'}",
+              f"hydra.run.dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2 and "no such file" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.nonlinearity=gelu", "model.nonlinearity='gelu' must be relu or tanh"),
+    ("task.n_examples=2", "contexts longer than 2"),
+    ("dynamics.tail_fraction=0.9", "dynamics.tail_fraction=0.9 must be in (0, 0.5]"),
+])
+def test_bad_values_are_refused_before_a_run_folder_exists(tmp_path, override, message):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "rnn_context", "preset=smoke", override, f"hydra.run.dir={run_dir}"])
+    assert result.exit_code == 2
+    text = " ".join(result.stderr.split())
+    assert text.startswith("error:") and message in text, result.stderr
+    assert not run_dir.exists()

@@ -1,0 +1,89 @@
+"""gemma_match end to end through the CLI (preset=smoke), its figures, and the errors a user sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+
+from experiments.goldwaser.gemma_match import plot
+from tests.conftest import REPO_ROOT
+
+
+def _cli(*args: str, offline: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1" if offline else "0"}
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_smoke_run_writes_metrics_claims_and_figures(tmp_path):
+    run_dir = tmp_path / "run"
+    prompts = tmp_path / "prompts.txt"  # `prompts=` takes a file, one prompt a line, as well as a list
+    prompts.write_text("Hi from a file.\n\n")
+    res = _cli("run", "gemma_match", "preset=smoke", "variant=stable", f"prompts={prompts}",
+               f"hydra.run.dir={run_dir}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+    m = pd.read_csv(run_dir / "metrics.csv")
+    for col in ("prompt", "step", "token", "dtype", "variant", "device", "layer"):
+        assert col in m.columns
+    per_token = m[m["metric"] == "top1_match"]
+    assert len(per_token) == 12 and set(per_token["prompt"]) == {0, 1}  # 2 prompts x 6 tokens
+    assert set(m["metric"]) >= {"logit_linf", "tvd", "top1_match", "control_logit_linf", "hidden_linf",
+                                "div_zero", "no_root", "baseline_ms", "patched_ms"}
+    assert per_token["value"].mean() == 1.0  # float32 stable: every token agrees
+    assert m.loc[m["metric"] == "logit_linf", "value"].max() < 1e-3
+    assert m.loc[m["metric"] == "control_logit_linf", "value"].min() > 0.1  # the control does not
+    assert len(m[m["metric"] == "hidden_linf"]) == 12 * 4  # one per layer and token
+    claims = pd.read_csv(run_dir / "claims.csv")
+    assert len(claims) == 3 and claims["passed"].all(), claims.to_string()
+    assert (run_dir / "figures" / "fig3_per_token.png").is_file()
+    assert (run_dir / "figures" / "fig4_summary.pdf").is_file()
+
+
+def test_image_context_draws_fig5(tmp_path):
+    run_dir = tmp_path / "run"
+    res = _cli("run", "gemma_match", "preset=smoke", "model=tiny-gemma3-vision", "image=synthetic",
+               "prompts=[]", "max_new_tokens=3", f"hydra.run.dir={run_dir}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = pd.read_csv(run_dir / "metrics.csv")
+    assert set(m["context"]) == {"image"}
+    assert (m.loc[m["metric"] == "top1_match", "value"] == 1.0).all()
+    assert (run_dir / "figures" / "fig5_image_context.png").is_file()
+
+
+def test_plot_combines_dtypes_and_variants(tmp_path):
+    """What `icl-exp plot` gets from a -m dtype=...,... variant=...,... sweep: the jobs' metrics concatenated."""
+    rows = []
+    for run, (dtype, variant) in enumerate([("float32", "naive"), ("bfloat16", "naive"), ("bfloat16", "stable")]):
+        for step in range(5):
+            idx = dict(experiment="gemma_match", run_id=f"r{run}", prompt=0, step=step, token="nan" if step else "",
+                       dtype=dtype, variant=variant, device="cpu", context="text", model="tiny-gemma3")
+            rows += [dict(idx, metric="logit_linf", value=1e-5 * (run + 1)), dict(idx, metric="tvd", value=1e-6),
+                     dict(idx, metric="top1_match", value=float(step != 2 or run == 0)),
+                     dict(idx, metric="control_logit_linf", value=5.0), dict(idx, metric="control_tvd", value=0.5)]
+    paths = plot(pd.DataFrame(rows), tmp_path)
+    assert {p.name for p in paths} == {"fig3_per_token.png", "fig3_per_token.pdf", "fig4_summary.png",
+                                       "fig4_summary.pdf"}
+
+
+def test_bad_variant_is_one_line_and_leaves_no_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    res = _cli("run", "gemma_match", "preset=smoke", "variant=fancy", f"hydra.run.dir={run_dir}")
+    assert res.returncode == 2
+    assert "variant='fancy' is not one of naive, stable" in res.stderr
+    assert "Traceback" not in res.stderr and not run_dir.exists()
+
+
+def test_unloadable_hub_id_names_the_fixes(tmp_path):
+    run_dir = tmp_path / "run"
+    res = _cli("run", "gemma_match", "model=google/gemma-3-1b-it", "max_new_tokens=1", f"hydra.run.dir={run_dir}")
+    assert res.returncode == 2
+    err = res.stderr.strip().splitlines()[-1]
+    assert "cannot load model 'google/gemma-3-1b-it'" in err
+    assert "hf auth login" in err and "local checkpoint folder" in err and "tiny-gemma3" in err
+    assert "Traceback" not in res.stderr
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"  # never looks complete
