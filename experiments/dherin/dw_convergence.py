@@ -110,31 +110,29 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
 
 def check_claims(ctx: RunContext, cfg: DictConfig, dtype: torch.dtype, eps: float, t: dict) -> None:
     err, step, scale = (x.double().max().item() for x in t["p31"])
-    ctx.claim_at_most(
-        "Prop 3.1: W_(i+1) = W_i − h ∇_W trace(Δ_iᵀ W), h = 1/‖A(x)‖², autograd gradient; max |error| over "
-        f"i and tasks (tolerance 100 eps of {dtype_name(dtype)} × max|W|)",
-        "Dherin §3 Prop 3.1", "exact", err, 100 * eps * max(1.0, scale))
-    ctx.claim_at_least(
-        "Prop 3.1 control: not stepping (W_(i+1) ≈ W_i) is off by orders of magnitude more "
-        "(log10 of max step / max error)", "Dherin §3 Prop 3.1 (control)", "n/a",
-        math.log10(step / max(err, 1e-300)), 3.0)
+    ctx.check("dherin.prop3_1.gradient_step", "Dherin §3 Prop 3.1",
+              "W_(i+1) = W_i − h ∇_W trace(Δ_iᵀ W), h = 1/‖A(x)‖², autograd gradient; max |error| over i and tasks "
+              f"(bound 100 eps of {dtype_name(dtype)} × max(1, max|W|))", err, "<=", 100 * eps * max(1.0, scale))
+    ctx.check("dherin.prop3_1.control_not_stepping", "Dherin §3 Prop 3.1 (control)",
+              "not stepping (W_(i+1) ≈ W_i) is off by orders of magnitude more (log10 of max step / max error)",
+              math.log10(step / max(err, 1e-300)), ">=", 3.0)
     out_scale = max(1.0, t["ctrl"].double().max().item())
-    ctx.claim_at_most(
-        "Φ_W(C_i,x) = Φ_(W+(ΔW)_i)(x) for every prefix C_i (max |diff| over i, tasks, output entries; "
-        f"tolerance 100 eps × {out_scale:.2g})", "Dherin §4.3 Eqs 6-9", "exact",
-        t["err"].double().max().item(), 100 * eps * out_scale)
-    ctx.claim_at_least(
-        "control: the unpatched model without context is orders of magnitude further "
-        "(log10 of mean control diff / mean patch error)", "Dherin §4.3 Eqs 6-9 (control)", "n/a",
-        math.log10(t["ctrl"].double().mean().item() / max(t["err"].double().mean().item(), 1e-300)), 3.0)
+    ctx.check("dherin.sec3.prefix_patch_equals_context", "Dherin §4.3 Eqs 6-9",
+              "Φ_W(C_i,x) = Φ_(W+(ΔW)_i)(x) for every prefix C_i (max |diff| over i, tasks, output entries; "
+              "bound 100 eps × max(1, largest control difference))", t["err"].double().max().item(), "<=",
+              100 * eps * out_scale)
+    ctx.check("dherin.sec3.control_far_off", "Dherin §4.3 Eqs 6-9 (control)",
+              "the unpatched model without context is orders of magnitude further "
+              "(log10 of mean control diff / mean patch error)",
+              math.log10(t["ctrl"].double().mean().item() / max(t["err"].double().mean().item(), 1e-300)), ">=", 3.0)
     s = decay_summary(t["mean"], cfg.dynamics.tail_fraction)
     pct = round(100 * cfg.dynamics.tail_fraction)
-    ctx.claim_at_most(
-        f"increments ‖(ΔW)_(i+1) − (ΔW)_i‖₂ decay toward zero: mean over the last {pct}% of i / mean over the "
-        f"first {pct}% (mean over tasks)", SOURCE, "→ 0", s["decay_ratio_tail_to_head"], 0.1)
-    ctx.claim_at_most(
-        "increments decay at least like i^(−1/2): fitted power-law exponent of the mean increment (i ≥ 2)",
-        SOURCE, "< 0", s["decay_fit_slope"], -0.5)
+    ctx.check("dherin.fig3.increments_decay", SOURCE,
+              f"increments ‖(ΔW)_(i+1) − (ΔW)_i‖₂ decay toward zero: mean over the last {pct}% of i / mean over the "
+              f"first {pct}% (mean over tasks)", s["decay_ratio_tail_to_head"], "<=", 0.1)
+    ctx.check("dherin.fig3.increments_power_law", SOURCE,
+              "increments decay at least like i^(−1/2): fitted power-law exponent of the mean increment (i ≥ 2)",
+              s["decay_fit_slope"], "<=", -0.5)
 
 
 # -- figure ----------------------------------------------------------------------------------------

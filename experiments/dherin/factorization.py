@@ -112,19 +112,22 @@ def check_claims(ctx: RunContext, dtype: torch.dtype, r: dict[str, Tensor]) -> N
     out_scale = max(1.0, r["output_max_abs"].item())
     w_scale = max(1.0, r["weight_max_abs"].max().item())
     eq28, eq31 = r["eq28_max_abs_err"].double(), r["eq31_max_abs_err"].double()
-    ctx.claim_at_most(f"[{name}] Eq 28: Φ_(W_i)(c_(i+1)..c_n, x) = Φ_(W_0)(c_1..c_n, x) at every i (max |diff| over "
-                      f"i, tasks, output entries; tolerance 100 eps × {out_scale:.2g})", SOURCE + " Eq 28", "exact",
-                      eq28.max().item(), 100 * eps * out_scale)
+    ctx.check(f"dherin.eq28.output_kept_{name}", SOURCE + " Eq 28",
+              f"[{name}] Φ_(W_i)(c_(i+1)..c_n, x) = Φ_(W_0)(c_1..c_n, x) at every i (max |diff| over i, tasks, "
+              "output entries; bound 100 eps × max(1, max|output|))", eq28.max().item(), "<=", 100 * eps * out_scale)
     ctrl = r["eq28_control_unpatched"].double()[1:]
-    ctx.claim_at_least(f"[{name}] Eq 28 control: the unpatched model on the remaining tokens is orders of magnitude "
-                       "further (log10 of mean control / mean error, i ≥ 1)", SOURCE + " Eq 28 (control)", "n/a",
-                       math.log10(ctrl.mean().item() / max(eq28[1:].mean().item(), 1e-300)), 3.0)
-    ctx.claim_at_most(f"[{name}] Eq 31: W_0 (1 + h_1 A_1) ⋯ (1 + h_n A_n) = W_n of Eq 27 (max |diff|; tolerance "
-                      f"100 eps × {w_scale:.2g})", SOURCE + " Eq 31", "exact", eq31[-1].item(), 100 * eps * w_scale)
+    ctx.check(f"dherin.eq28.control_far_off_{name}", SOURCE + " Eq 28 (control)",
+              f"[{name}] the unpatched model on the remaining tokens is orders of magnitude further "
+              "(log10 of mean control / mean error, i ≥ 1)",
+              math.log10(ctrl.mean().item() / max(eq28[1:].mean().item(), 1e-300)), ">=", 3.0)
+    ctx.check(f"dherin.eq31.product_form_{name}", SOURCE + " Eq 31",
+              f"[{name}] W_0 (1 + h_1 A_1) ⋯ (1 + h_n A_n) = W_n of Eq 27 (max |diff|; bound 100 eps × max(1, max|W|))",
+              eq31[-1].item(), "<=", 100 * eps * w_scale)
     rev = r["eq31_control_reversed"].double()[-1].item()
-    ctx.claim_at_least(f"[{name}] Eq 31 control: the factors in reverse order give another matrix (log10 of "
-                       "max |reversed − W_n| / max |product − W_n|)", SOURCE + " Eq 31 (control)", "n/a",
-                       math.log10(rev / max(eq31[-1].item(), 1e-300)), 3.0)
+    ctx.check(f"dherin.eq31.control_reversed_{name}", SOURCE + " Eq 31 (control)",
+              f"[{name}] the factors in reverse order give another matrix "
+              "(log10 of max |reversed − W_n| / max |product − W_n|)",
+              math.log10(rev / max(eq31[-1].item(), 1e-300)), ">=", 3.0)
 
 
 # -- figure ----------------------------------------------------------------------------------------

@@ -82,22 +82,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
 
 
 def check_claims(ctx: RunContext, dtype: torch.dtype, grid: dict[str, np.ndarray], zero_loss: float) -> None:
-    val = claim_losses_agree(ctx, dtype, SOURCE + " left/middle")
+    val = claim_losses_agree(ctx, dtype, "dherin.fig2.val_loss_context_equals_patch", SOURCE + " left/middle")
     eps = torch.finfo(dtype).eps
     scale = max(1.0, float(grid["output"].max()))
-    ctx.claim_at_most(
-        "|Φ_W(C,x) − Φ_(W+ΔW)(x)| on the (x1,x2) grid, mean over tasks, max over grid "
-        f"(tolerance 100 eps × max|ŷ|={scale:.2g})",
-        SOURCE + " right", "1e-7", grid["patched"].max(), 100 * eps * scale)
+    ctx.check("dherin.fig2.patch_equals_context", SOURCE + " right",
+              "|Φ_W(C,x) − Φ_(W+ΔW)(x)| on the (x1,x2) grid, mean over tasks, max over the grid "
+              "(bound 100 eps × max(1, max|ŷ|))", grid["patched"].max(), "<=", 100 * eps * scale, paper_value=1e-7)
     orders = math.log10(grid["no_context"].mean() / max(grid["patched"].mean(), 1e-300))
-    ctx.claim_at_least(
-        "control (unpatched, no context) is worse than the patch by orders of magnitude "
-        "(log10 ratio of mean grid errors)",
-        SOURCE + " (control)", "n/a", orders, 3.0)
+    ctx.check("dherin.fig2.control_far_off", SOURCE + " (control)",
+              "control (unpatched, no context) is worse than the patch by orders of magnitude "
+              "(log10 ratio of mean grid errors)", orders, ">=", 3.0)
     final = val.iloc[-1]
-    ctx.claim_at_most(
-        "the model learned the task: final validation loss / zero-predictor loss",
-        "Dherin §4.1", "small", final["val_loss_context"] / zero_loss, 0.1)
+    ctx.check("dherin.sec4_1.model_learned", "Dherin §4.1",
+              "the model learned the task: final validation loss with context / zero-predictor loss",
+              final["val_loss_context"] / zero_loss, "<=", 0.1)
 
 
 # -- figure ------------------------------------------------------------------------------------

@@ -83,23 +83,23 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
 
 
 def check_claims(ctx: RunContext, dtype: torch.dtype, diffs: dict[str, np.ndarray], zero_loss: float) -> None:
-    val = claim_losses_agree(ctx, dtype, SOURCE + " left/middle", via="the per-block patches")
+    val = claim_losses_agree(ctx, dtype, "dherin.fig5.val_loss_context_equals_patch", SOURCE + " left/middle",
+                             via="the per-block patches")
     eps = torch.finfo(dtype).eps
     per_layer = diffs["patched"].mean(0)  # mean over tasks, one per block
     scale = float(diffs["output"].mean(0).max())
-    ctx.claim_at_most(
-        "‖Φ⁽ⁱ⁾(C,x) − Φ⁽ⁱ⁾_patched(x)‖₂ at the query, mean over tasks, max over blocks "
-        f"(tolerance 100 eps × mean block-output norm {scale:.2g})",
-        SOURCE + " right", "1e-6", per_layer.max(), 100 * eps * scale)
+    ctx.check("dherin.fig5.block_outputs_equal", SOURCE + " right",
+              "‖Φ⁽ⁱ⁾(C,x) − Φ⁽ⁱ⁾_patched(x)‖₂ at the query, mean over tasks, max over blocks "
+              "(bound 100 eps × the largest mean block-output norm)", per_layer.max(), "<=", 100 * eps * scale,
+              paper_value=1e-6)
     orders = np.log10(diffs["no_context"].mean(0) / np.maximum(per_layer, 1e-300)).min()
-    ctx.claim_at_least(
-        "control (unpatched, without the removed context) is worse than the patch by orders of magnitude "
-        "at every block (min over blocks of log10 ratio of mean L2 differences)",
-        SOURCE + " (control)", "n/a", orders, 3.0)
+    ctx.check("dherin.fig5.control_far_off", SOURCE + " (control)",
+              "control (unpatched, without the removed context) is worse than the patch by orders of magnitude "
+              "at every block (min over blocks of log10 ratio of mean L2 differences)", orders, ">=", 3.0)
     final = val.iloc[-1]
-    ctx.claim_at_most(
-        "the post-LN stack learned the task: final validation loss / zero-predictor loss",
-        SOURCE + " left", "small", final["val_loss_context"] / zero_loss, 0.1)
+    ctx.check("dherin.fig5.model_learned", SOURCE + " left",
+              "the post-LN stack learned the task: final validation loss / zero-predictor loss",
+              final["val_loss_context"] / zero_loss, "<=", 0.1)
 
 
 # -- figure ------------------------------------------------------------------------------------

@@ -105,36 +105,35 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
 
 def check_claims(ctx: RunContext, cfg: DictConfig, dtype: torch.dtype, final: dict[str, torch.Tensor],
                  zero_loss: float, curves: dict[str, np.ndarray], origin: str, attention_loss: float) -> None:
-    val = claim_losses_agree(ctx, dtype, SOURCE + " left/middle", what="RNN contextual layer: ")
+    val = claim_losses_agree(ctx, dtype, "dherin.fig6.val_loss_context_equals_patch", SOURCE + " left/middle")
     eps = torch.finfo(dtype).eps
     y = final["context"].double()
     err = (final["patched"].double() - y).abs()
     ctrl = (final["no_context"].double() - y).abs()
     scale = max(1.0, float(y.abs().max()))
-    ctx.claim_at_most(
-        f"|Φ_W(C,x) − Φ_(W+ΔW)(x)| on the validation set after training, max over tasks "
-        f"(tolerance 100 eps × max|ŷ| = {scale:.2g})", SOURCE + " middle", "exact", err.max(), 100 * eps * scale)
-    ctx.claim_at_least(
-        "control (unpatched, no context) is worse than the patch by orders of magnitude "
-        "(log10 ratio of mean |differences| on the validation set)", SOURCE + " (control)", "n/a",
-        math.log10(float(ctrl.mean()) / max(float(err.mean()), 1e-300)), 3.0)
-    ctx.claim_at_most(
-        "the RNN model learned the task: final validation loss / zero-predictor loss",
-        SOURCE + " left", "not given", val.iloc[-1]["val_loss_context"] / zero_loss, 0.5)
+    ctx.check("dherin.fig6.patch_equals_context", SOURCE + " middle",
+              "RNN contextual layer: |Φ_W(C,x) − Φ_(W+ΔW)(x)| on the validation set after training, max over tasks "
+              "(bound 100 eps × max(1, max|ŷ|))", err.max(), "<=", 100 * eps * scale)
+    ctx.check("dherin.fig6.control_far_off", SOURCE + " (control)",
+              "control (unpatched, no context) is worse than the patch by orders of magnitude "
+              "(log10 ratio of mean |differences| on the validation set)",
+              math.log10(float(ctrl.mean()) / max(float(err.mean()), 1e-300)), ">=", 3.0)
+    ctx.check("dherin.fig6.model_learned", SOURCE + " left",
+              "the RNN model learned the task: final validation loss / zero-predictor loss",
+              val.iloc[-1]["val_loss_context"] / zero_loss, "<=", 0.5)
     pct = round(100 * cfg.dynamics.tail_fraction)
     ratio = {k: decay_summary(v.mean(0), cfg.dynamics.tail_fraction)["decay_ratio_tail_to_head"]
              for k, v in curves.items()}
     bar = cfg.dynamics.decay_bar
-    ctx.claim_at_most(
-        f"the attention model ({origin}) learned the task: its validation loss / zero-predictor loss",
-        "Dherin §4.1", "small", attention_loss / zero_loss, 0.1)
-    ctx.claim_at_least(
-        f"RNN: the increments ‖(ΔW)_(i+1) − (ΔW)_i‖₂ do NOT decay: mean over the last {pct}% of i / mean over "
-        f"the first {pct}% (mean over tasks) stays above the convergence bar {bar}",
-        SOURCE + " right", "fails to converge", ratio["rnn"], bar)
-    ctx.claim_at_most(
-        f"attention ({origin}), same tasks: the increments decay: the same ratio is below the bar {bar}",
-        SOURCE + " right (vs Fig 3)", "→ 0", ratio["attention"], bar)
+    ctx.check("dherin.fig6.attention_model_learned", "Dherin §4.1",
+              f"the attention model ({origin}) learned the task: its validation loss / zero-predictor loss",
+              attention_loss / zero_loss, "<=", 0.1)
+    ctx.check("dherin.fig6.rnn_increments_do_not_decay", SOURCE + " right",
+              f"RNN: the increments ‖(ΔW)_(i+1) − (ΔW)_i‖₂ do NOT decay: mean over the last {pct}% of i / mean over "
+              f"the first {pct}% (mean over tasks) stays above the convergence bar", ratio["rnn"], ">=", bar)
+    ctx.check("dherin.fig6.attention_increments_decay", SOURCE + " right (vs Fig 3)",
+              f"attention ({origin}), same tasks: the increments decay: the same ratio is below the bar",
+              ratio["attention"], "<=", bar)
 
 
 # -- figure ---------------------------------------------------------------------------------------

@@ -109,16 +109,13 @@ def train_validated(model: nn.Module, cfg: DictConfig, ctx: RunContext, index: d
     return Trained(val, zero_loss, gen)
 
 
-def claim_losses_agree(ctx: RunContext, dtype: torch.dtype, source: str, what: str = "",
-                       via: str = "ΔW") -> pd.DataFrame:
+def claim_losses_agree(ctx: RunContext, dtype: torch.dtype, id: str, ref: str, via: str = "ΔW") -> pd.DataFrame:
     """Claim: the validation loss with the context equals the loss via the patch at every checkpoint
     (max relative gap, tolerance 1000 eps of the dtype). Returns the validation losses by step."""
     m = ctx.metrics()
     val = m[m["metric"].str.startswith("val_loss")].pivot_table(index="step", columns="metric", values="value")
     rel_gap = ((val["val_loss_context"] - val["val_loss_patched"]).abs() / val["val_loss_context"]).max()
-    eps = torch.finfo(dtype).eps
-    ctx.claim_at_most(
-        f"{what}validation loss with context = via {via} at every checkpoint "
-        f"(max relative gap; tolerance 1000 eps of {dtype_name(dtype)})",
-        source, "equal", rel_gap, 1000 * eps)
+    ctx.check(id, ref, f"validation loss with the context equals the loss via {via} without it, at every checkpoint "
+              f"(max relative gap; bound 1000 eps of {dtype_name(dtype)})",
+              rel_gap, "<=", 1000 * torch.finfo(dtype).eps)
     return val

@@ -148,28 +148,30 @@ def check_claims(ctx: RunContext, cfg: DictConfig, single: dict, stack: dict) ->
     k = cfg.claims
     few = k.few_hundred
     layers = cfg.stack.layers
-    for head, curves, source, n_max, target in (
-            ("single head", single, SOURCE_SINGLE, cfg.single.max_demos, "Σ_wu u_t"),
-            (f"{layers}-block stack", stack, SOURCE_STACK, cfg.stack.max_demos, f"B^({layers}) u_t")):
-        ctx.claim_at_least(f"{head}: cos(ŵ_t, {target}) → 1 (mean over tasks at {n_max} demonstrations)",
-                           source, "→ 1", curves["cos"][-1], k.min_cosine)
-        ctx.claim_at_most(f"{head}: MSE → 0 (MSE / E‖{target}‖² at {n_max} demonstrations)",
-                          source, "→ 0", curves["rel_mse"][-1], k.max_rel_mse)
+    for key, head, curves, source, n_max, target in (
+            ("cor4_1.single_head", "single head", single, SOURCE_SINGLE, cfg.single.max_demos, "Σ_wu u_t"),
+            ("prop4_4.stack", f"{layers}-block stack", stack, SOURCE_STACK, cfg.stack.max_demos, f"B^({layers}) u_t")):
+        ctx.check(f"xu_fang.{key}_cos", source, f"{head}: cos(ŵ_t, {target}) → 1 (mean over tasks at {n_max} "
+                  "demonstrations)", curves["cos"][-1], ">=", k.min_cosine, paper_value=1.0)
+        ctx.check(f"xu_fang.{key}_rel_mse", source, f"{head}: MSE → 0 (MSE / E‖{target}‖² at {n_max} demonstrations)",
+                  curves["rel_mse"][-1], "<=", k.max_rel_mse, paper_value=0.0)
         if few <= n_max:
-            ctx.claim_at_least(f"{head}: 'essentially exact already at a few hundred demonstrations' "
-                               f"(cos at {few} demonstrations)", "Xu & Fang §4.3", "≈ 1",
-                               curves["cos"][few - 1], k.few_hundred_min_cosine)
+            ctx.check(f"xu_fang.{key}_exact_at_few_hundred", "Xu & Fang §4.3",
+                      f"{head}: 'essentially exact already at a few hundred demonstrations' (cos at {few} "
+                      "demonstrations)", curves["cos"][few - 1], ">=", k.few_hundred_min_cosine, paper_value=1.0)
         n = np.arange(1, len(curves["mse"]) + 1)
         grid = geometric_grid(len(n), 40, start=k.fit_min_n)
         slope = loglog_fit(grid, curves["mse"][grid - 1].numpy())[0]
-        ctx.claim_within(f"{head}: MSE decays like 1/n (log-log slope, n ≥ {k.fit_min_n})",
-                         "Xu & Fang Thm 3.6 / Cor. 3.7", -1.0, slope, k.slope_tolerance)
-        ctx.claim_at_most(f"{head}: control — labels shuffled within the prompt: |cos| with {target} "
-                          f"at {n_max} demonstrations", source + " (control)", "≈ 0",
-                          abs(float(curves["cos_shuffled"][-1])), k.max_control_cosine)
-    ctx.claim_at_least("single head reads one GD step, not the Bayes solution: cos with Σ_wu u_t minus cos "
-                       f"with βᵀu_t at {cfg.single.max_demos} demonstrations", SOURCE_SINGLE + " (control)", "> 0",
-                       single["cos"][-1] - single["cos_bayes"][-1], k.min_bayes_gap)
+        ctx.check(f"xu_fang.{key}_rate", "Xu & Fang Thm 3.6 / Cor. 3.7",
+                  f"{head}: MSE decays like 1/n (log-log slope, n ≥ {k.fit_min_n})",
+                  slope, "within", k.slope_tolerance, paper_value=-1.0)
+        ctx.check(f"xu_fang.{key}_control_shuffled", source + " (control)",
+                  f"{head}: labels shuffled within the prompt: |cos| with {target} at {n_max} demonstrations",
+                  abs(float(curves["cos_shuffled"][-1])), "<=", k.max_control_cosine)
+    ctx.check("xu_fang.cor4_1.one_gd_step_not_bayes", SOURCE_SINGLE + " (control)",
+              "single head reads one GD step, not the Bayes solution: cos with Σ_wu u_t minus cos "
+              f"with βᵀu_t at {cfg.single.max_demos} demonstrations",
+              single["cos"][-1] - single["cos_bayes"][-1], ">=", k.min_bayes_gap)
 
 
 # -- figure ------------------------------------------------------------------------------------

@@ -54,8 +54,8 @@ def test_every_trial_and_step_is_recorded(smoke_run):
 
 def test_claims_are_measured(smoke_run):
     c = pd.read_csv(smoke_run / "claims.csv")
-    assert c.source.str.startswith("Dherin §4.4 Fig 4").sum() == 4
-    assert c[c.source == "Dherin Cor 2.5.1"].passed.all()
+    assert c.id.str.startswith("dherin.fig4.").sum() == 4
+    assert c.set_index("id").passed["dherin.cor2_5_1.dw_prediction_equals_context"]
     assert c.measured.notna().all()
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from experiments.core.results import CLAIM_COLUMNS
+from experiments.core.results import CHECK_COLUMNS
 
 FIGURE = "fig2_linreg_icl"
 
@@ -62,13 +62,15 @@ def test_metrics_are_tidy_and_complete(smoke_run):
 
 def test_claims_are_measured(smoke_run):
     c = pd.read_csv(smoke_run / "claims.csv")
-    assert list(c.columns) == CLAIM_COLUMNS
-    assert len(c) == 4
-    by_source = dict(zip(c.source, c.passed, strict=True))
-    assert by_source["Dherin §4.2 Fig 2 left/middle"] and by_source["Dherin §4.2 Fig 2 right"]
-    assert by_source["Dherin §4.2 Fig 2 (control)"]
+    assert list(c.columns) == CHECK_COLUMNS
+    passed = dict(zip(c.id, c.passed, strict=True))
+    assert sorted(passed) == sorted(["dherin.fig2.val_loss_context_equals_patch", "dherin.fig2.patch_equals_context",
+                                     "dherin.fig2.control_far_off", "dherin.sec4_1.model_learned"])
+    assert passed["dherin.fig2.val_loss_context_equals_patch"] and passed["dherin.fig2.patch_equals_context"]
+    assert passed["dherin.fig2.control_far_off"]
+    assert c.set_index("id").paper_value["dherin.fig2.patch_equals_context"] == 1e-7
     # 30 steps do not teach the task: the claim says so rather than pretending
-    learned = c[c.source == "Dherin §4.1"].iloc[0]
+    learned = c.set_index("id").loc["dherin.sec4_1.model_learned"]
     assert not learned.passed and learned.measured > 0.1
 
 

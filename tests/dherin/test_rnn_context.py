@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.core.results import CLAIM_COLUMNS
+from experiments.core.results import CHECK_COLUMNS
 from experiments.data.linreg import sample_prompts
 from experiments.dherin.dynamics import prefix_patches
 from experiments.dherin.models.linreg import predict
@@ -108,15 +108,17 @@ def test_increments_for_both_contextual_layers(smoke_run):
 
 def test_claims_are_measured(smoke_run):
     c = pd.read_csv(smoke_run / "claims.csv")
-    assert list(c.columns) == CLAIM_COLUMNS and len(c) == 7
-    passed = dict(zip(c.source, c.passed, strict=True))
-    assert passed[SOURCE + " left/middle"] and passed[SOURCE + " middle"] and passed[SOURCE + " (control)"]
-    learned = c[c.source == SOURCE + " left"].iloc[0]
+    assert list(c.columns) == CHECK_COLUMNS and len(c) == 7
+    passed = dict(zip(c.id, c.passed, strict=True))
+    assert passed["dherin.fig6.val_loss_context_equals_patch"] and passed["dherin.fig6.patch_equals_context"]
+    assert passed["dherin.fig6.control_far_off"]
+    learned = c.set_index("id").loc["dherin.fig6.model_learned"]
     assert not learned.passed and learned.measured > 0.5  # 30 steps do not teach the task; it says so
     m = pd.read_csv(smoke_run / "metrics.csv")
     ratio = m[m.metric == "decay_ratio_tail_to_head"].set_index("contextual").value
-    assert c[c.source == SOURCE + " right"].measured.item() == pytest.approx(ratio["rnn"])
-    assert c[c.source == SOURCE + " right (vs Fig 3)"].measured.item() == pytest.approx(ratio["attention"])
+    by_id = c.set_index("id").measured
+    assert by_id["dherin.fig6.rnn_increments_do_not_decay"] == pytest.approx(ratio["rnn"])
+    assert by_id["dherin.fig6.attention_increments_decay"] == pytest.approx(ratio["attention"])
 
 
 def test_plot_rerenders_from_csvs_alone(smoke_run, tmp_path, icl):
@@ -138,7 +140,7 @@ def test_attention_checkpoint_from_a_linreg_icl_run(icl, tmp_path):
                f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     c = pd.read_csv(run_dir / "claims.csv")
-    assert c.claim.str.contains("attention model \\(loaded\\)").any()
+    assert c.description.str.contains("attention model \\(loaded\\)").any()
     bad = icl("run", "rnn_context", "preset=smoke", f"attention.checkpoint={tmp_path / 'nope.pt'}",
               f"hydra.run.dir={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "no such file" in bad.stderr

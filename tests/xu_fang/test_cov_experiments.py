@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from experiments.core.results import CHECK_COLUMNS
 from tests.conftest import run_cli
 
 EXPERIMENTS = ("cov_alignment", "cov_icl_gd", "cov_rate", "markov_collapse")
@@ -47,7 +48,8 @@ def test_run_folder_is_complete(runs, name):
     metrics, claims, record = load(runs[name])
     assert record["status"] == "complete" and record["preset"] == "smoke"
     assert record["claims_total"] == len(claims) > 0
-    assert list(claims.columns) == ["claim", "source", "paper_value", "measured", "tolerance", "passed"]
+    assert list(claims.columns) == CHECK_COLUMNS
+    assert claims["id"].str.startswith("xu_fang.").all() and claims["id"].is_unique
     assert claims["measured"].map(math.isfinite).all()
     assert set(metrics["experiment"]) == {name}
     pngs = sorted(p.name for p in (runs[name] / "figures").glob("*.png"))
@@ -66,7 +68,8 @@ def test_cov_alignment_cosine_rises_and_beats_its_controls(runs):
         assert abs(unrelated.iloc[-8:].mean()) < 0.3
         gamma = values(metrics, "gamma_ratio", d=d).groupby("token_index")["value"].mean()
         assert gamma.iloc[-4:].mean() == pytest.approx(1.0, abs=0.1)  # γ_Σ = 1/√d_k
-    assert len(claims) == 4 * 2
+    assert sorted(claims["id"]) == sorted(f"xu_fang.{k}_d{d}" for d in (8, 16) for k in (
+        "thm3_4.alignment", "thm3_4.gamma_scale", "thm3_4.control_blind", "thm3_6.alignment_rate"))
 
 
 def test_cov_icl_gd_heads_approach_their_gd_targets(runs):
@@ -80,7 +83,7 @@ def test_cov_icl_gd_heads_approach_their_gd_targets(runs):
         assert abs(values(metrics, f"cos_shuffled_{head}").set_index("n_demos")["value"][n_max]) < 0.2
     depth = values(metrics, "depth_rel_mse_stack")
     assert sorted(depth["layer"]) == list(range(1, 9))
-    assert len(claims) == 11
+    assert len(claims) == 11 and (claims[claims.comparison == "within"].paper_value == -1.0).all()
 
 
 def test_cov_rate_slopes_and_iid_constant(runs):
@@ -94,6 +97,11 @@ def test_cov_rate_slopes_and_iid_constant(runs):
     mse = values(metrics, "mse", variant="rho", rho=0.5).sort_values("n")["value"].to_numpy()
     assert mse[-1] < mse[0] / 20
     assert claims["passed"].dtype == bool
+    # one claim per statement whatever (ρ, d) a preset scans: the worst stream is the one checked
+    assert sorted(claims["id"]) == ["xu_fang.thm3_6." + k for k in (
+        "constant_grows_with_tau", "constant_grows_with_trace", "iid_constant", "rate_slope")]
+    worst = slopes["value"].iloc[(slopes["value"] + 1).abs().argmax()]
+    assert claims.set_index("id").measured["xu_fang.thm3_6.rate_slope"] == pytest.approx(worst)
 
 
 def test_markov_collapse_error_decays(runs):
