@@ -1,4 +1,4 @@
-"""Hydra callbacks. After a multirun, draw the combined figures into the sweep folder."""
+"""Hydra callbacks. After a multirun: a summary of its jobs, the combined figures, the exit status."""
 
 from __future__ import annotations
 
@@ -12,10 +12,26 @@ log = logging.getLogger(__name__)
 
 
 class CombineMultirun(Callback):
+    """At the end of a sweep: one line per job that did not complete, the combined figures and
+    claims of the jobs that did, and exit status 1 when any job failed (the jobs themselves return
+    normally so that every job runs; see cli/hydra_app.py)."""
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from experiments.core.figures import job_dirs, render_multirun
+        from experiments.core.errors import UserError
+        from experiments.core.figures import completed_jobs, render_multirun
+        from experiments.core.summary import sweep_summary
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        if job_dirs(sweep_dir):
-            render_multirun(sweep_dir)
-            log.info("combined figures: %s", sweep_dir / "figures")
+        if not sweep_dir.is_dir():
+            return
+        if completed_jobs(sweep_dir):
+            try:
+                render_multirun(sweep_dir, warn=False)  # the summary below names the jobs left out
+                log.info("combined figures and claims: %s", sweep_dir)
+            except UserError as err:
+                log.error("could not combine the jobs: %s", err)
+        lines, n_bad = sweep_summary(sweep_dir)
+        for line in lines:
+            (log.error if n_bad else log.info)("%s", line)
+        if n_bad:
+            raise SystemExit(1)  # not an Exception: Hydra's callback runner would turn that into a warning

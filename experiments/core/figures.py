@@ -46,15 +46,53 @@ def experiment_of(run_dir: Path) -> str:
     return json.loads((run_dir / RUN_FILE).read_text())["experiment"]
 
 
+def run_state(run_dir: Path) -> str:
+    """'complete', or what else run.json says, e.g. 'failed (RuntimeError: ...)', 'interrupted at train 3/30'."""
+    record = json.loads((run_dir / RUN_FILE).read_text())
+    status = record.get("status", "unknown")
+    if status == "complete":
+        return status
+    where = f" at {record['stopped_at']}" if record.get("stopped_at") else ""
+    why = f" ({record['error']})" if record.get("error") and status == "failed" else ""
+    return f"{status}{where}{why}"
+
+
+def completed_jobs(sweep_dir: Path) -> list[Path]:
+    return [j for j in job_dirs(sweep_dir) if run_state(j) == "complete"]
+
+
+def _drawn(paths: list[Path], what: Path) -> list[Path]:
+    if not paths:
+        raise UserError(f"nothing to draw: the metrics of {what} hold none of the rows its figures need")
+    return paths
+
+
 def render_run(run_dir: Path, exp: registry.Experiment | None = None) -> list[Path]:
     exp = exp or registry.get(experiment_of(run_dir))
     return exp.plot(read_metrics(run_dir), run_dir / FIGURES_DIR)
 
 
-def render_multirun(sweep_dir: Path) -> list[Path]:
-    jobs = job_dirs(sweep_dir)
+def _render_incomplete_run(run_dir: Path) -> list[Path]:
+    """`icl-exp plot` on a run that did not complete: draw what it measured, and say so."""
+    state = run_state(run_dir)
+    if state == "running":
+        state = "running (or its process died)"
+    metrics = read_metrics(run_dir)
+    if metrics.empty:
+        raise UserError(f"{run_dir} is {state} and measured nothing: no figure to draw")
+    log.warning("%s is %s: drawing what it measured, the figures are incomplete", run_dir, state)
+    exp = registry.get(experiment_of(run_dir))
+    return _drawn(exp.plot(metrics, run_dir / FIGURES_DIR), run_dir)
+
+
+def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
+    finished = job_dirs(sweep_dir)
+    jobs = [j for j in finished if run_state(j) == "complete"]
+    for j in finished:
+        if j not in jobs and warn:  # a failed or interrupted job's partial metrics would skew the combination
+            log.warning("job %s is %s: left out of the combined figures and claims", j.name, run_state(j))
     if not jobs:
-        raise UserError(f"{sweep_dir} holds no finished jobs to combine")
+        raise UserError(f"{sweep_dir} holds no completed jobs to combine")
     names = {experiment_of(j) for j in jobs}
     if len(names) != 1:
         raise UserError(f"{sweep_dir} mixes experiments {sorted(names)}; plot them one by one")
@@ -79,7 +117,13 @@ def render(path: Path) -> list[Path]:
     if not path.exists():
         raise UserError(f"{path} does not exist")
     if is_run_dir(path):
-        return render_run(path)
+        if run_state(path) != "complete":
+            return _render_incomplete_run(path)
+        return _drawn(render_run(path), path)
     if job_dirs(path):
-        return render_multirun(path)
+        return _drawn(render_multirun(path), path)
+    if (path / RUN_FILE).is_file():
+        raise UserError(f"{path} is {run_state(path)} and wrote no {METRICS_FILE}: no figure to draw")
+    if (path / "multirun.yaml").is_file():
+        raise UserError(f"{path} is a sweep with no finished job: no figure to draw")
     raise UserError(f"{path} is not a run folder (no {RUN_FILE} + {METRICS_FILE}) nor a multirun folder")

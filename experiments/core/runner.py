@@ -5,7 +5,10 @@ are drawn from those CSVs, run.json says complete. Anything that escapes marks t
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -14,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.core import registry
+from experiments.core import progress, registry
 from experiments.core.atomic import write_json_atomic
 from experiments.core.figures import render_run
 from experiments.core.provenance import git_state, host, package_versions
@@ -26,12 +29,36 @@ from experiments.core.runtime import (
     resolve_dtype,
     seed_everything,
 )
+from experiments.core.summary import claim_line, run_summary
 
 log = logging.getLogger(__name__)
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's time limit, joblib stopping a worker): the run is interrupted, not failed."""
+
+
+@contextmanager
+def _sigterm_interrupts():
+    """Turn SIGTERM into Terminated while a run is going, so run.json gets to say `interrupted`.
+    Only where nobody else handles SIGTERM (submitit, for one, installs its own)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated("SIGTERM")
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_from_hydra(cfg: DictConfig) -> None:
@@ -72,6 +99,7 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     write_json_atomic(run_json, record)
     t0 = time.perf_counter()
     ctx = RunContext(run_dir=run_dir, experiment=name, run_id=run_id)
+    progress.reset()
     try:
         ctx.device = resolve_device(cfg.get("device", "auto"))
         ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
@@ -84,15 +112,18 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
         seed_everything(int(cfg.get("seed", 0)))
         log.info("%s (%s) -> %s", name, exp.figures, run_dir)
         log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
-        exp.run(cfg, ctx)
-        ctx.flush()
-        render_run(run_dir, exp)
-    except BaseException as err:  # KeyboardInterrupt too: the run is failed, not complete
+        with _sigterm_interrupts():
+            exp.run(cfg, ctx)
+            ctx.flush()
+            render_run(run_dir, exp)
+    except BaseException as err:  # Ctrl-C / SIGTERM: interrupted; anything else: failed; never complete
+        interrupted = isinstance(err, KeyboardInterrupt)
         try:
             ctx.flush()  # keep what was measured
         finally:
-            record.update(status="failed", end=_now(), wall_time_s=round(time.perf_counter() - t0, 3),
-                          error=f"{type(err).__name__}: {err}")
+            record.update(status="interrupted" if interrupted else "failed", end=_now(),
+                          wall_time_s=round(time.perf_counter() - t0, 3),
+                          error=_one_line(err), stopped_at=progress.last_progress())
             write_json_atomic(run_json, record)
         raise
     record.update(status="complete", end=_now(), wall_time_s=round(time.perf_counter() - t0, 3))
@@ -101,11 +132,13 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     record["claims_total"] = len(claims)
     write_json_atomic(run_json, record)
     for row in claims.to_dict("records"):
-        if "id" in row:
-            log.info("claim %-4s %s: measured %.3g %s %.3g", "PASS" if row["passed"] else "FAIL", row["id"],
-                     row["measured"], row["comparison"], row["tolerance"])
-        else:
-            log.info("claim %-4s %s: measured %.4g (tolerance %s)", "PASS" if row["passed"] else "FAIL",
-                     row["claim"], row["measured"], row["tolerance"])
-    log.info("done in %.1fs: %s", record["wall_time_s"], run_dir)
+        log.info("%s", claim_line(row))
+    for line in run_summary(run_dir, claims, record["wall_time_s"], preset):
+        log.info("%s", line)
     return ctx
+
+
+def _one_line(err: BaseException) -> str:
+    """`Type: first line of the message` (Ctrl-C has no message: `KeyboardInterrupt`)."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

@@ -128,8 +128,9 @@ def _failing_experiment(exc: BaseException) -> Experiment:
     return Experiment("boom", "nobody", "none", "fails on purpose", run=run, plot=lambda m, d: [])
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("kaboom"), KeyboardInterrupt()])
-def test_a_run_that_dies_is_marked_failed_and_keeps_its_metrics(tmp_path, monkeypatch, exc):
+@pytest.mark.parametrize("exc, status", [(RuntimeError("kaboom"), "failed"), (KeyboardInterrupt(), "interrupted")])
+def test_a_run_that_dies_is_marked_failed_and_keeps_its_metrics(tmp_path, monkeypatch, exc, status):
+    """A crash is `failed`; Ctrl-C is `interrupted` (not failed with KeyboardInterrupt)."""
     from omegaconf import OmegaConf
 
     monkeypatch.setattr(registry, "get", lambda name: _failing_experiment(exc))
@@ -137,7 +138,7 @@ def test_a_run_that_dies_is_marked_failed_and_keeps_its_metrics(tmp_path, monkey
     with pytest.raises(type(exc)):
         runner.run("boom", cfg, tmp_path, "r1", [])
     record = json.loads((tmp_path / "run.json").read_text())
-    assert record["status"] == "failed"
+    assert record["status"] == status
     assert record["end"] is not None and type(exc).__name__ in record["error"]
     assert pd.read_csv(tmp_path / "metrics.csv")["metric"].tolist() == ["partial"]
     assert not (tmp_path / "claims.csv").exists()
