@@ -1,0 +1,160 @@
+"""The training loop, a plain loop as in nanoGPT's train.py: AdamW (β = 0.9, 0.95), linear warmup then
+cosine decay to min_lr over `decay_steps` (which may be longer than the run: the authors decay over 600k
+steps and stop at 100k), gradient clipping, gradient accumulation, bfloat16 autocast on CUDA, optional
+torch.compile, DDP when torchrun started us, periodic validation on fixed windows, checkpoints.
+
+Batches are a pure function of (seed, step, global micro-batch index) (data.token_bins.random_batch), so
+a resumed run sees the batches the uninterrupted run would have, and N ranks with A accumulation steps
+see exactly what one process with N·A accumulation steps sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from experiments.core import distributed
+from experiments.data.token_bins import random_batch, windows_to_batch
+from experiments.karbevski.gpt.model import param_groups
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int
+    micro_batch: int  # sequences per forward pass per rank
+    grad_accum: int  # micro-batches per optimizer step per rank
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    decay_steps: int  # cosine horizon; past it the lr stays at min_lr
+    weight_decay: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 1000
+    eval_batch: int = 8
+    log_every: int = 10
+    checkpoint_every: int = 1000
+    seed: int = 0
+    compile: bool = False
+
+
+def lr_at(step: int, s: TrainSettings) -> float:
+    """nanoGPT's get_lr: linear warmup, cosine from lr to min_lr between warmup_steps and decay_steps."""
+    if step < s.warmup_steps:
+        return s.lr * (step + 1) / (s.warmup_steps + 1)
+    if step >= s.decay_steps:
+        return s.min_lr
+    ratio = (step - s.warmup_steps) / max(s.decay_steps - s.warmup_steps, 1)
+    return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (s.lr - s.min_lr)
+
+
+def make_optimizer(model: nn.Module, s: TrainSettings, device: torch.device) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(model, s.weight_decay), lr=s.lr, betas=(s.beta1, s.beta2),
+                             fused=device.type == "cuda")
+
+
+def autocast(device: torch.device):
+    """bfloat16 autocast on CUDA (the paper's mixed precision); plain float32 on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, val: np.ndarray, starts: np.ndarray, block_size: int, batch: int,
+             device: torch.device) -> float:
+    """Mean next-token loss over the fixed validation windows (each rank scores its share)."""
+    me = distributed.info()
+    mine = starts[me.rank :: me.world_size]
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, window count
+    for i in range(0, len(mine), batch):
+        x, y = windows_to_batch(val, mine[i : i + batch], block_size)
+        with autocast(device):
+            _, loss = model(x.to(device), y.to(device))
+        total += torch.tensor([loss.item() * len(x), len(x)], dtype=torch.float64, device=device)
+    model.train(was_training)
+    total = distributed.sum_over_ranks(total)
+    return (total[0] / total[1]).item()
+
+
+@dataclass
+class LoopState:
+    step: int = 0  # optimizer steps done
+    curve: list | None = None  # rows logged so far (kept in checkpoints, replayed on resume)
+
+
+def train(model: nn.Module, optimizer, s: TrainSettings, train_data: np.ndarray, val_data: np.ndarray,
+          val_starts: np.ndarray, block_size: int, device: torch.device, state: LoopState,
+          log: Callable[[str, float, int], None], checkpoint: Callable[[int], None], bar=None) -> LoopState:
+    """Run optimizer steps state.step+1 .. s.steps. `log(metric, value, step)` records a point of the
+    curve; `checkpoint(step)` saves. Ctrl-C re-raises with the step reached (the last checkpoint is intact)."""
+    me = distributed.info()
+    ddp = model
+    if me.distributed:
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    run_model = torch.compile(ddp) if s.compile else ddp
+    tokens_per_step = s.micro_batch * s.grad_accum * block_size * me.world_size
+    model.train()
+
+    def val_point(step: int) -> None:
+        log("val_loss", evaluate(model, val_data, val_starts, block_size, s.eval_batch, device), step)
+
+    if state.step == 0:
+        val_point(0)
+    t_window, steps_window = time.perf_counter(), 0
+    step = state.step
+    try:
+        while step < s.steps:
+            lr = lr_at(step, s)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = 0.0
+            for micro in range(s.grad_accum):
+                x, y = random_batch(train_data, block_size, s.micro_batch, s.seed, step,
+                                    me.rank * s.grad_accum + micro)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                # DDP averages gradients over ranks at the last micro-batch only
+                sync = micro == s.grad_accum - 1 or not me.distributed
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    with autocast(device):
+                        _, loss = run_model(x, y)
+                    (loss / s.grad_accum).backward()
+                loss_sum += loss.item()
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip).item()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            steps_window += 1
+            train_loss = distributed.mean_over_ranks(loss_sum / s.grad_accum, device)
+            if step % s.log_every == 0 or step == s.steps:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                elapsed = time.perf_counter() - t_window
+                log("train_loss", train_loss, step)
+                log("lr", lr, step)
+                log("grad_norm", grad_norm, step)
+                log("tokens_seen", step * tokens_per_step, step)
+                log("tokens_per_s", steps_window * tokens_per_step / max(elapsed, 1e-9), step)
+                t_window, steps_window = time.perf_counter(), 0
+            if step % s.eval_every == 0 or step == s.steps:
+                val_point(step)
+            if step % s.checkpoint_every == 0 or step == s.steps:
+                checkpoint(step)
+            if bar is not None:
+                bar.advance(1, info=f"loss {train_loss:.3f}")
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"interrupted at step {step} of {s.steps}; the last checkpoint "
+                                f"(every {s.checkpoint_every} steps) is intact: resume=<this run folder>") from None
+    state.step = step
+    return state
