@@ -107,6 +107,39 @@ def prop31_step(W_i: Tensor, delta: Tensor, a_query: Tensor) -> Tensor:
     return W_i - h[..., None, None] * g
 
 
+def prop31_gd_weights(W0: Tensor, a_prefix: Tensor) -> Tensor:
+    """W_0, W_1, ..., W_n reached by Prop. 3.1's steps alone, from W_0: W_(i+1) = W_i − h ∇_W L_i(W_i) with
+    the gradient of L_i(W) = trace(Δ_iᵀ W) by autograd; (B, n+1, m, d_in). No patch formula is used: whether
+    Φ_(W_i)(x) then equals Φ_(W_0)(C_i, x) is for a forward pass of the model to say."""
+    deltas = prop31_deltas(W0, a_prefix)
+    a_query = a_prefix[:, 0]
+    W = W0.expand(a_prefix.shape[0], *W0.shape)
+    out = [W]
+    for i in range(deltas.shape[1]):
+        W = prop31_step(W, deltas[:, i], a_query)
+        out.append(W)
+    return torch.stack(out, dim=1)
+
+
+@torch.no_grad()
+def prefix_model_outputs(model: nn.Module, tokens: Tensor) -> Tensor:
+    """Φ_(W_0)(C_i, x) for i = 0..n: the whole model's own forward pass on each prompt [c_1..c_i, x], read at
+    the query; (B, n+1, d_out). The side of every dynamics claim that no patch formula touches."""
+    context, query = tokens[:, :-1], tokens[:, -1:]
+    return torch.stack([model(torch.cat([context[:, :i], query], dim=1))[:, -1]
+                        for i in range(context.shape[1] + 1)], dim=1)
+
+
+def decay_vs_control(trained: np.ndarray, control: np.ndarray, tail_fraction: float) -> float:
+    """The trained model's tail/head decay ratio over the control's (an untrained model of the same shape).
+
+    A softmax average over i tokens moves by O(1/i) per added token whatever the weights, so "the
+    increments decay" alone holds for an untrained model too; below 1 means the trained model's
+    increments vanish faster than the architecture alone makes them."""
+    ratio = lambda m: decay_summary(m, tail_fraction)["decay_ratio_tail_to_head"]  # noqa: E731
+    return float(ratio(trained) / ratio(control))
+
+
 # -- App. E: the factorized dynamics --------------------------------------------------------------
 
 

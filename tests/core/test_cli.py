@@ -154,6 +154,7 @@ def test_launcher_configs_compose():
     """`hydra/launcher=parallel` (joblib) composes; `slurm` needs the optional extra."""
     from cli.overrides import validate
 
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="hydra-joblib-launcher (the joblib extra)")
     cfg = validate("linreg_icl", ["preset=smoke", "hydra/launcher=parallel"])
     assert "JoblibLauncher" in cfg.hydra.launcher._target_ and cfg.hydra.launcher.n_jobs == 2
     try:

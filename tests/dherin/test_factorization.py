@@ -6,7 +6,11 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.dherin.factorization import reversed_products
+from experiments.data.linreg import sample_prompts
+from experiments.dherin.dynamics import suffix_contextual_outputs
+from experiments.dherin.factorization import factorization_errors, reversed_products
+from experiments.dherin.models.linreg import attention_block
+from tests.dherin.figure_checks import assert_drawn
 
 FIGURE = "figE_factorization"
 N, TASKS = 20, 12  # the smoke preset's context length and task count
@@ -25,6 +29,7 @@ def smoke_run(tmp_path_factory):
 def test_run_folder_follows_the_contract(smoke_run):
     for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf"):
         assert (smoke_run / name).is_file(), name
+    assert_drawn(smoke_run / "figures" / f"{FIGURE}.png")
     assert json.loads((smoke_run / "run.json").read_text())["status"] == "complete"
 
 
@@ -54,6 +59,7 @@ def test_claims_are_measured(smoke_run):
     c = pd.read_csv(smoke_run / "claims.csv")
     exact = c[c.id.str.startswith(("dherin.eq28.", "dherin.eq31."))]
     assert len(exact) == 8 and exact.passed.all(), exact[["id", "measured", "tolerance"]]
+    assert {"dherin.eq31.product_form", "dherin.eq31.product_form_float64"} <= set(c.id)  # run dtype: plain id
     f64 = c.set_index("id").loc["dherin.eq31.product_form_float64"]
     assert f64.measured < 1e-12
 
@@ -67,3 +73,23 @@ def test_reversed_products_multiply_in_reverse():
     for b in range(2):
         torch.testing.assert_close(R[b, 0], W0)
         torch.testing.assert_close(R[b, 4], W0 @ F[b, 3] @ F[b, 2] @ F[b, 1] @ F[b, 0])
+
+
+def _model(seed):
+    torch.manual_seed(seed)
+    return attention_block(2, d_model=8, n_heads=2, d_mlp=16).double()
+
+
+def test_eq31_is_judged_by_forward_passes_and_fails_on_wrong_suffix_outputs():
+    """The product form run by a forward pass must give the with-context output. With another model's
+    suffix outputs S_i the factors are wrong and the claim fails, while the old check (product vs the
+    recursion built from the same S_i) still passes: associativity holds for any S."""
+    model = _model(0)
+    tokens = sample_prompts(4, 6, 2, torch.Generator().manual_seed(0), dtype=torch.float64).tokens
+    r = factorization_errors(model, tokens)
+    assert r["eq31_max_abs_err"].max() < 1e-12 and r["eq28_max_abs_err"].max() < 1e-12
+    assert r["eq31_control_reversed"][2:].min() > 1e-6
+    wrong = suffix_contextual_outputs(_model(1).contextual, tokens)
+    bad = factorization_errors(model, tokens, a_suffix=wrong)
+    assert bad["eq31_max_abs_err"].max() > 1e-3 and bad["eq28_max_abs_err"].max() > 1e-3
+    assert bad["eq31_product_vs_recursion_max_abs"].max() < 1e-12  # the old claim would have passed

@@ -7,13 +7,20 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.dherin.finetune_compare import normalized_inner, query_predictions, sgd_path
+from experiments.dherin.finetune_compare import (
+    normalized_inner,
+    query_predictions,
+    rank1_ceiling,
+    sgd_path,
+    task_specificity,
+)
 from experiments.dherin.models.linreg import MLP
+from tests.dherin.figure_checks import assert_drawn
 
 FIGURE = "fig4_finetune_compare"
 M, TRIALS = 20, 12  # the smoke preset's context length and trial count
 SERIES = ("gd_test_loss", "dw_test_loss", "cos_dw_ft", "cos_random_rank1_ft", "cos_other_task_dw_ft",
-          "cos_dw_step_ft_step")
+          "cos_dw_step_ft_step", "rank1_ceiling_ft")
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +36,7 @@ def smoke_run(tmp_path_factory):
 def test_run_folder_follows_the_contract(smoke_run):
     for name in ("metrics.csv", "claims.csv", "run.json", "model.pt", f"figures/{FIGURE}.png"):
         assert (smoke_run / name).is_file(), name
+    assert_drawn(smoke_run / "figures" / f"{FIGURE}.png")
     assert json.loads((smoke_run / "run.json").read_text())["status"] == "complete"
 
 
@@ -42,8 +50,12 @@ def test_every_trial_and_step_is_recorded(smoke_run):
         assert (rows.lr == 0.3).all()
     start = m[m.context_length == 0].pivot_table(index="trial", columns="metric", values="value")
     pd.testing.assert_series_equal(start.gd_test_loss, start.dw_test_loss, check_names=False)
-    cos = m[m.metric.str.startswith("cos_")].value
-    assert cos.between(-1 - 1e-6, 1 + 1e-6).all()
+    # no rank-1 matrix with right factor A(x_test) beats the structural ceiling (Cauchy–Schwarz); the
+    # ceiling is below 1 because the SGD steps' right factors are A((x_k, 0)), not A(x_test)
+    cells = m[m.context_length > 0].pivot_table(index=["trial", "context_length"], columns="metric", values="value")
+    assert (cells.cos_dw_ft <= cells.rank1_ceiling_ft + 1e-5).all()
+    assert (cells.cos_other_task_dw_ft.abs() <= cells.rank1_ceiling_ft + 1e-5).all()
+    assert cells.rank1_ceiling_ft.max() < 1 - 1e-3
     # ΔW's test prediction is the with-context prediction; the MLP shortcut is the full model's forward
     assert m[m.metric == "dw_vs_context_max_abs"].value.iloc[0] < 1e-5
     assert m[m.metric == "shortcut_vs_full_forward_max_abs"].value.iloc[0] < 1e-5
@@ -54,7 +66,12 @@ def test_every_trial_and_step_is_recorded(smoke_run):
 
 def test_claims_are_measured(smoke_run):
     c = pd.read_csv(smoke_run / "claims.csv")
-    assert c.id.str.startswith("dherin.fig4.").sum() == 4
+    assert c.id.str.startswith("dherin.fig4.").sum() == 5
+    # the task-specificity control is by magnitude, recomputable from the logged inner products at i = M
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    last = m[m.context_length == M].pivot_table(index="trial", columns="metric", values="value")
+    expected = last.cos_dw_ft.abs().mean() / last.cos_other_task_dw_ft.abs().mean()
+    assert c.set_index("id").measured["dherin.fig4.alignment_task_specific"] == pytest.approx(expected, rel=1e-6)
     assert c.set_index("id").passed["dherin.cor2_5_1.dw_prediction_equals_context"]
     assert c.measured.notna().all()
 
@@ -101,3 +118,30 @@ def test_normalized_inner_product():
     A = torch.randn(2, 4, 3, dtype=torch.float64)
     torch.testing.assert_close(normalized_inner(A, 3 * A), torch.ones(2, dtype=torch.float64))
     torch.testing.assert_close(normalized_inner(A, -A), -torch.ones(2, dtype=torch.float64))
+
+
+def test_task_specificity_is_by_magnitude():
+    """Another task's inner products have random signs: the old control divided by |their signed mean| (≈ 0)
+    and passed with a huge ratio; by magnitude an unrelated ΔW aligned almost as well fails the claim."""
+    own = torch.full((100,), 0.184, dtype=torch.float64)
+    other = 0.155 * torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(50)
+    old_ratio = own.mean() / other.mean().abs().clamp_min(1e-12)
+    assert old_ratio > 1e6  # what the old claim measured: noise, and a pass
+    assert task_specificity(own, other) == pytest.approx(0.184 / 0.155)
+    assert task_specificity(own, other) < 2.0  # the claim's bar: it fails, as it should
+    assert task_specificity(own, 0.01 * other) > 2.0  # an unrelated ΔW that is really unaligned: it passes
+
+
+def test_rank1_ceiling_is_the_best_rank1_alignment():
+    g = torch.Generator().manual_seed(2)
+    U = torch.randn(3, 2, 6, 4, generator=g, dtype=torch.float64)
+    a = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    ceiling = rank1_ceiling(U, a)
+    assert ceiling.shape == (3, 2) and (ceiling < 1).all()
+    best = (U @ a[:, None, :, None]) * a[:, None, None, :]  # u* aᵀ with u* = U a attains it
+    torch.testing.assert_close(normalized_inner(best, U), ceiling, rtol=1e-12, atol=1e-12)
+    for _ in range(20):  # any other left factor does worse
+        u = torch.randn(3, 2, 6, 1, generator=g, dtype=torch.float64)
+        assert (normalized_inner(u * a[:, None, None, :], U) <= ceiling + 1e-12).all()
+    rank1 = torch.randn(3, 1, 6, 1, generator=g, dtype=torch.float64) * a[:, None, None, :]
+    torch.testing.assert_close(rank1_ceiling(rank1, a), torch.ones(3, 1, dtype=torch.float64))

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from experiments.core.results import CHECK_COLUMNS
+from tests.dherin.figure_checks import assert_drawn
 
 FIGURE = "fig2_linreg_icl"
 
@@ -26,6 +27,7 @@ def test_run_folder_follows_the_contract(smoke_run):
     for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf",
                  ".hydra/config.yaml", ".hydra/overrides.yaml"):
         assert (smoke_run / name).is_file(), name
+    assert_drawn(smoke_run / "figures" / f"{FIGURE}.png")
     record = json.loads((smoke_run / "run.json").read_text())
     assert record["status"] == "complete"
     assert record["seed"] == 3 and record["dtype"] == "float32" and record["device"] == "cpu"

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from experiments.core.results import CHECK_COLUMNS
+from tests.dherin.figure_checks import assert_drawn
 
 FIGURE = "fig5_multilayer_ln"
 SOURCE = "Dherin App. C.1 Fig 5"
@@ -25,6 +26,7 @@ def smoke_run(tmp_path_factory):
 def test_run_folder_follows_the_contract(smoke_run):
     for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf"):
         assert (smoke_run / name).is_file(), name
+    assert_drawn(smoke_run / "figures" / f"{FIGURE}.png")
     record = json.loads((smoke_run / "run.json").read_text())
     assert record["status"] == "complete" and record["preset"] == "smoke"
 

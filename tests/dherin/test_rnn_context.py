@@ -13,6 +13,7 @@ from experiments.dherin.dynamics import prefix_patches
 from experiments.dherin.models.linreg import predict
 from experiments.dherin.models.rnn import rnn_block
 from experiments.dherin.patched_forward import forward_with, patched_params, predictions_three_ways, supports_vmap
+from tests.dherin.figure_checks import assert_drawn
 
 FIGURE = "fig6_rnn_context"
 SOURCE = "Dherin App. D.1 Fig 6"
@@ -74,6 +75,7 @@ def smoke_run(tmp_path_factory):
 def test_run_folder_follows_the_contract(smoke_run):
     for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf"):
         assert (smoke_run / name).is_file(), name
+    assert_drawn(smoke_run / "figures" / f"{FIGURE}.png")
     record = json.loads((smoke_run / "run.json").read_text())
     assert record["status"] == "complete" and record["preset"] == "smoke"
 

@@ -14,6 +14,7 @@ import pytest
 
 from experiments.core.results import CHECK_COLUMNS
 from tests.conftest import run_cli
+from tests.dherin.figure_checks import assert_drawn
 
 EXPERIMENTS = ("cov_alignment", "cov_icl_gd", "cov_rate", "markov_collapse")
 
@@ -51,9 +52,17 @@ def test_run_folder_is_complete(runs, name):
     assert list(claims.columns) == CHECK_COLUMNS
     assert claims["id"].str.startswith("xu_fang.").all() and claims["id"].is_unique
     assert claims["measured"].map(math.isfinite).all()
+    # passed is what the comparison says of measured, tolerance and paper value (not typed in)
+    by = claims.comparison
+    expected = ((by == "<=") & (claims.measured <= claims.tolerance)) | (
+        (by == ">=") & (claims.measured >= claims.tolerance)) | (
+        (by == "within") & ((claims.measured - claims.paper_value).abs() <= claims.tolerance))
+    assert (expected == claims.passed).all()
     assert set(metrics["experiment"]) == {name}
     pngs = sorted(p.name for p in (runs[name] / "figures").glob("*.png"))
     assert pngs and all((runs[name] / "figures" / p.replace(".png", ".pdf")).is_file() for p in pngs)
+    for png in pngs:
+        assert_drawn(runs[name] / "figures" / png)
 
 
 def test_cov_alignment_cosine_rises_and_beats_its_controls(runs):
