@@ -113,14 +113,19 @@ def _register_subcommands() -> None:
     """Sub-apps living in their own modules (e.g. `icl-exp patch export`)."""
     import importlib
 
-    for module_name, attr, cmd in (("cli.patch", "app", "patch"),):
+    for module_name, attr, cmd in (("cli.patch", "app", "patch"), ("cli.report", "report", "report"),
+                                   ("cli.reproduce", "reproduce", "reproduce")):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
             if err.name == module_name:
                 continue
             raise
-        app.add_typer(getattr(module, attr), name=cmd)
+        target = getattr(module, attr)
+        if isinstance(target, typer.Typer):
+            app.add_typer(target, name=cmd)
+        else:  # a single command (`icl-exp report`), with its own context settings if it says so
+            app.command(cmd, context_settings=getattr(target, "context_settings", None))(target)
 
 
 _register_subcommands()

@@ -1,0 +1,150 @@
+"""`icl-exp report`: the newest complete run per experiment, sweeps, bad input, --strict, the README tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from experiments.core.report import (  # noqa: E402
+    README_BEGIN,
+    README_END,
+    build_report,
+    readme_tables,
+    render_html,
+    render_markdown,
+    update_readme,
+)
+from experiments.core.results import CHECK_COLUMNS  # noqa: E402
+from tests.conftest import run_cli  # noqa: E402
+
+
+def claim(id, measured, passed, comparison="<=", tolerance=1.0, paper_value=None):
+    return dict(id=id, ref="Ref §1", description="what it checks", paper_value=paper_value, measured=measured,
+                tolerance=tolerance, comparison=comparison, passed=passed)
+
+
+def make_run(folder: Path, experiment: str, start: str, claims=None, status="complete", preset="cpu",
+             figure=False) -> Path:
+    folder.mkdir(parents=True)
+    record = dict(experiment=experiment, status=status, start=start, preset=preset, run_id=folder.name)
+    if status == "failed":
+        record["error"] = "RuntimeError: boom"
+    (folder / "run.json").write_text(json.dumps(record))
+    (folder / "metrics.csv").write_text("experiment,run_id,metric,value\n")
+    if claims is not None:
+        pd.DataFrame(claims, columns=CHECK_COLUMNS).to_csv(folder / "claims.csv", index=False)
+    if figure:
+        (folder / "figures").mkdir()
+        fig, ax = plt.subplots(figsize=(4, 3))
+        ax.plot([0, 1, 2], [1, 0, 2])
+        fig.savefig(folder / "figures" / "fig.png", dpi=100)
+        plt.close(fig)
+    return folder
+
+
+@pytest.fixture
+def results(tmp_path):
+    root = tmp_path / "results"
+    make_run(root / "linreg_icl" / "old", "linreg_icl", "2026-01-01T00:00:00",
+             [claim("dherin.fig2.patch_equals_context", 5.0, False)])
+    make_run(root / "linreg_icl" / "new", "linreg_icl", "2026-01-02T00:00:00",
+             [claim("dherin.fig2.patch_equals_context", 1e-8, True, paper_value=1e-7)], figure=True)
+    make_run(root / "linreg_icl" / "newest_failed", "linreg_icl", "2026-01-03T00:00:00", status="failed")
+    sweep = root / "cov_rate" / "multirun" / "s1"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    for job, slope in (("0", -1.02), ("1", -0.7)):
+        make_run(sweep / job, "cov_rate", "2026-01-02T00:00:0" + job,
+                 [claim("xu_fang.thm3_6.rate_slope", slope, abs(slope + 1) <= 0.1, "within", 0.1, -1.0)])
+    make_run(root / "factorization" / "x", "factorization", "2026-01-02T00:00:00", status="failed")
+    return root
+
+
+def test_newest_complete_run_sweeps_failed_and_missing(results):
+    rep = build_report(results)
+    by_id = rep.claims.set_index(["id", "job"])
+    assert by_id.loc[("dherin.fig2.patch_equals_context", ""), "run"] == "linreg_icl/new"  # not old, not failed
+    assert sorted(rep.claims[rep.claims.experiment == "cov_rate"].job) == ["0", "1"]  # both jobs of the sweep
+    assert rep.n_failed_claims == 1  # job 1's slope
+    assert {r.experiment for r in rep.failed} == {"factorization"}  # no complete run: listed as failed
+    assert "multilayer_ln" in rep.missing and "linreg_icl" not in rep.missing
+    assert rep.problems == []
+    md = render_markdown(rep)
+    assert "## Dherin et al. — 1/1 claims passed" in md and "## Xu & Fang" in md
+    assert md.index("## Dherin et al.") < md.index("## Xu & Fang")  # registry.PAPER_PACKAGES order
+    assert "**not complete**: factorization" in md and "RuntimeError: boom" in md
+    assert "| 1e-08 | ≤ 1 | pass |" in md and "within ±0.1" in md
+    page = render_html(rep)
+    assert page.count("data:image/png;base64,") == 1 and "<table>" in page
+    all_runs = build_report(results, all_runs=True)
+    assert len(all_runs.claims) == 4 and len(all_runs.failed) == 2
+
+
+def test_bad_input_is_one_line_each_and_the_rest_is_written(results, tmp_path):
+    corrupt = make_run(results / "cov_alignment" / "a", "cov_alignment", "2026-01-02T00:00:00", [])
+    (corrupt / "claims.csv").write_bytes(b'id,ref,"unterminated\n\x00\xff\xfe')
+    truncated = make_run(results / "cov_icl_gd" / "a", "cov_icl_gd", "2026-01-02T00:00:00",
+                         [claim("xu_fang.cor4_1.single_head_cos", 0.99, True, ">=", 0.9)])
+    text = (truncated / "claims.csv").read_text()
+    (truncated / "claims.csv").write_text(text + "xu_fang.cor4_1.single_head_rate,Ref,desc,-1.0,-0.98,0.1,wit")
+    legacy = make_run(results / "markov_collapse" / "a", "markov_collapse", "2026-01-02T00:00:00")
+    (legacy / "claims.csv").write_text("claim,source,paper_value,measured,tolerance,passed\nx,y,→ 1,0.5,0.1,False\n")
+    (results / "broken").mkdir()
+    (results / "broken" / "run.json").write_text("{not json")
+    rep = build_report(results)
+    problems = "\n".join(rep.problems)
+    assert len(rep.problems) == 4, problems
+    assert "cov_alignment/a: claims.csv is corrupt" in problems
+    assert "cov_icl_gd/a: claims.csv has 1 truncated or malformed row(s)" in problems
+    assert "markov_collapse/a: claims.csv is from an older version without claim ids" in problems
+    assert "broken: run.json unreadable" in problems
+    assert "xu_fang.cor4_1.single_head_cos" in set(rep.claims.id)  # the good row of the truncated file stays
+    proc = run_cli("report", str(results), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("warning:") == 4
+    assert "## Problems" in (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "out" / "report.html").stat().st_size > 1000
+
+
+def test_strict_exits_nonzero_on_a_failed_claim(results, tmp_path):
+    proc = run_cli("report", str(results), "--strict")
+    assert proc.returncode == 1 and "1 claim(s) failed" in proc.stdout
+    assert (results / "report.md").is_file() and (results / "report.html").is_file()
+    ok = tmp_path / "ok"
+    make_run(ok / "a", "linreg_icl", "2026-01-01T00:00:00", [claim("dherin.fig2.patch_equals_context", 0.1, True)])
+    assert run_cli("report", str(ok), "--strict").returncode == 0
+
+
+def test_no_runs_and_no_folder(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_cli("report", str(empty))
+    assert proc.returncode == 0 and "no run folders" in proc.stderr
+    assert "never run" in (empty / "report.md").read_text() or "0/0" in (empty / "report.md").read_text()
+    proc = run_cli("report", str(tmp_path / "nowhere"))
+    assert proc.returncode == 2 and "is not a folder" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_readme_tables_between_markers(results, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nintro\n\n{README_BEGIN}\nold table\n{README_END}\n\nafter\n")
+    rep = build_report(results)
+    update_readme(readme, rep)
+    text = readme.read_text()
+    assert "old table" not in text and text.startswith("# x\n\nintro\n\n") and text.endswith("\n\nafter\n")
+    assert readme_tables(rep) in text and "`dherin.fig2.patch_equals_context`" in text
+    update_readme(readme, rep)
+    assert readme.read_text() == text  # idempotent
+    bare = tmp_path / "BARE.md"
+    bare.write_text("no markers\n")
+    with pytest.raises(ValueError, match="markers"):
+        update_readme(bare, rep)
+    proc = run_cli("report", str(results), "--readme", str(bare))
+    assert proc.returncode == 2 and "markers" in proc.stderr
