@@ -52,6 +52,7 @@ def run(
     `hydra.run.dir=...`, `hydra.sweep.dir=...` and `--cfg job` work as in any Hydra app.
     """
     from cli.overrides import check_writable, validate
+    from experiments.core.distributed import agree_across_ranks, hydra_overrides_for_rank, is_main_process
     from experiments.core.errors import UserError
 
     overrides = list(ctx.args)
@@ -62,11 +63,12 @@ def run(
         if given:
             out_dir = given[-1]
         else:
-            stamp = unique_stamp()
+            stamp = agree_across_ranks(unique_stamp())  # under torchrun every rank takes rank 0's folder
             out_dir = f"results/{name}/multirun/{stamp}" if multirun else f"results/{name}/{stamp}"
             overrides.append(f"{dir_key}={out_dir}")
-        if "${" not in out_dir:
+        if "${" not in out_dir and is_main_process():  # rank 0 makes the folder the others share
             check_writable(out_dir)
+        overrides += hydra_overrides_for_rank()  # ranks > 0 write no .hydra/ and no log file
     except UserError as err:
         fail(str(err))
 

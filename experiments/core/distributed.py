@@ -70,6 +70,11 @@ def agree(value):
     return box[0]
 
 
+def agree_across_ranks(value):
+    """`agree` when torchrun started several processes; the value itself otherwise (no process group)."""
+    return agree(value) if info().distributed else value
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.core import progress, registry
+from experiments.core import distributed, progress, registry
 from experiments.core.atomic import write_json_atomic
 from experiments.core.figures import render_run
 from experiments.core.provenance import git_state, host, package_versions
@@ -77,6 +77,8 @@ def run_from_hydra(cfg: DictConfig) -> None:
 def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[str],
         preset: str | None = None) -> RunContext:
     exp = registry.get(name)
+    if not distributed.is_main_process():  # torchrun: rank 0 alone writes run.json, the CSVs and the figures
+        return distributed.run_on_worker_rank(exp, cfg, run_dir, run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     record: dict = {
         "experiment": name,

@@ -185,6 +185,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     data = load_data(cfg)
     if data[2]["tokenizer"] != cfg.tokenizer:
         raise UserError(f"prepared data uses tokenizer {data[2]['tokenizer']}, not {cfg.tokenizer}")
+    ctx.log("world_size", distributed.info().world_size)
     ctx.log("train_tokens", len(data[0]))
     ctx.log("val_tokens", len(data[1]))
     finals = {name: train_variant(cfg, ctx, name, data, device) for name in variant_names(cfg)}
