@@ -1,0 +1,158 @@
+"""wq_reparam, attention_scale and basis_transfer end to end through the real CLI at preset=smoke
+(asserting on their CSVs), their claims shown failing on deliberately wrong inputs, and bad input
+refused in one line before any run folder exists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.core.results import RunContext
+from tests.conftest import run_cli
+
+EXPERIMENTS = ("wq_reparam", "attention_scale", "basis_transfer")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("karbevski")
+    out = {}
+    for name in EXPERIMENTS:
+        result = run_cli("run", name, "preset=smoke", f"hydra.run.dir={root / name}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        out[name] = root / name
+    return out
+
+
+def load(run_dir: Path):
+    return (pd.read_csv(run_dir / "metrics.csv"), pd.read_csv(run_dir / "claims.csv").set_index("id"),
+            json.loads((run_dir / "run.json").read_text()))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_run_folder_is_complete_with_ided_claims(runs, name):
+    metrics, claims, record = load(runs[name])
+    assert record["status"] == "complete" and record["claims_total"] == len(claims) > 0
+    assert all(i.startswith("karbevski.") for i in claims.index)
+    for row in claims.itertuples():  # no measured number in a description
+        assert f"{row.measured:.4g}" not in row.description
+    assert list((runs[name] / "figures").glob("*.png"))
+
+
+def test_wq_reparam_exact_statements_and_failing_controls(runs):
+    metrics, claims, _ = load(runs["wq_reparam"])
+    rel = metrics[metrics["metric"] == "rel_error"]
+    exact = rel[(rel["kind"] == "exact") & (rel["role"] == "construction")]
+    controls = rel[(rel["kind"] == "exact") & (rel["role"] == "control")]
+    assert exact["statement"].nunique() == 12 and exact["value"].max() < 1e-10
+    assert controls["value"].min() > 1e-3
+    obstructions = rel[(rel["kind"] == "obstruction") & (rel["role"] == "construction")]
+    assert set(obstructions["statement"]) == {"remark1.all_layers_both_skips_fails", "remark4.tied_head_fails",
+                                              "remark7.layernorm_model_fails", "cor8_4_1.no_fit_generic"}
+    assert obstructions["value"].min() > 1e-3
+    assert claims["passed"].all(), claims[~claims["passed"]]
+    assert claims.loc["karbevski.sec3_1.attention_params_saved", "measured"] == pytest.approx(0.25)
+    assert (runs["wq_reparam"] / "figures" / "wq_reparam_table.md").read_text().count("| exact |") == 12
+
+
+def test_attention_scale_reproduces_the_derivation(runs):
+    metrics, claims, _ = load(runs["attention_scale"])
+    assert claims["passed"].all(), claims[~claims["passed"]]
+    ratio = metrics[(metrics["metric"] == "ratio") & (metrics["sweep"] == "nanogpt")]
+    assert set(ratio["inputs"]) == {"unit_norm", "layernorm"}
+    assert ratio["value"].mean() == pytest.approx(1.80, abs=0.05)
+    sq = metrics[(metrics["metric"] == "mean_sq_norm") & (metrics["inputs"] == "layernorm")]["value"]
+    assert sq.iloc[0] > 700  # LayerNorm outputs have ‖x‖² ≈ d, not the paper's 1
+
+
+def test_basis_transfer_writes_fig2_rows(runs):
+    metrics, claims, _ = load(runs["basis_transfer"])
+    rel = metrics[metrics["metric"] == "rel_l2"]
+    assert set(rel["model"]) == {"mlp", "linear", "mlp_init"} and sorted(rel["h"].unique()) == [8, 16]
+    linear = rel[rel["model"] == "linear"]["value"]
+    assert linear.between(0.05, 0.2).all()  # the optimal linear map is a fit, whatever the training did
+    assert len(claims) == 7 and "karbevski.fig2.mlp_beats_linear" in claims.index
+    assert metrics[metrics["metric"] == "train_rel_sq_error"]["step"].max() == 200
+
+
+# -- claims fail on wrong input ----------------------------------------------------------------
+
+def ctx(tmp_path) -> RunContext:
+    return RunContext(run_dir=tmp_path, experiment="x", run_id="r")
+
+
+def test_wq_claims_fail_when_a_construction_is_off(tmp_path):
+    from experiments.karbevski import wq_reparam as wq
+
+    cfg = OmegaConf.load("conf/experiment/wq_reparam.yaml")
+    good = {"error": 1e-15, "control": 1.0, "scale": 1.0, "condition": 0.0, "condition_generic": 1.0}
+    obstruction = dict(good, error=1.0, control=1e-15)  # the obstruction shows, its exact counterpart holds
+    results = {f"{r}.{w}": [good] for r, w, *_ in wq.EXACT}
+    results |= {f"{r}.{w}": [obstruction] for r, w, *_ in wq.OBSTRUCTIONS}
+    results["thm4_1.single_layer_exact"] = [dict(good, error=1e-6)]  # a construction off by 1e-6
+    results["remark1.all_layers_both_skips_fails"] = [dict(obstruction, error=0.0)]  # an obstruction that vanished
+    lemma84 = [{"error": 0.1, "control": 0.0}]
+    remark5 = [{"d": 8, "deviation": 0.2}, {"d": 64, "deviation": 0.25}]  # not improving with d
+    counts = {"toy": ({"attention": 4}, {"attention": 4}), "nanogpt": ({"total": 10}, {"total": 10})}
+    c = ctx(tmp_path)
+    wq.check_claims(c, cfg, results, lemma84, remark5, counts)
+    failed = set(c.claims().query("not passed")["id"])
+    assert failed == {"karbevski.thm4_1.single_layer_exact", "karbevski.remark1.all_layers_both_skips_fails",
+                      "karbevski.remark5.linearity_improves_with_d", "karbevski.sec3_1.attention_params_saved",
+                      "karbevski.table2.params_saved_millions"}
+
+
+def test_attention_claims_fail_for_a_wrong_ratio(tmp_path):
+    import numpy as np
+
+    from experiments.karbevski import attention_scale as at
+
+    cfg = OmegaConf.load("conf/experiment/attention_scale.yaml")
+    same = {"baseline": np.array([0.0032]), "wq_identity": np.array([0.0032]), "sq_norm": np.array([1.0]),
+            "theory": {"baseline": 0.0032, "wq_identity": 0.0058}, "ratio": 1.0}
+    results = {("nanogpt", 768, 12, "unit_norm"): same, ("nanogpt", 768, 12, "layernorm"): same,
+               ("d_model", 768, 12, "unit_norm"): same}
+    c = ctx(tmp_path)
+    at.check_claims(c, cfg, results)
+    failed = set(c.claims().query("not passed")["id"])
+    assert {"karbevski.app8_1.wq_identity_std_unit_norm", "karbevski.app8_1.ratio_unit_norm",
+            "karbevski.app8_1.corrective_factor", "karbevski.app8_1.ratio_is_inverse_sigma_sqrt_d"} <= failed
+
+
+def test_basis_claims_fail_when_the_mlp_loses(tmp_path):
+    from experiments.karbevski import basis_transfer as bt
+
+    cfg = OmegaConf.load("conf/experiment/basis_transfer.yaml")
+    rows = []
+    for h in (8, 16):
+        for model, rel, cos in (("mlp", 0.2, 0.02), ("linear", 0.1, 0.01), ("mlp_init", 0.3, 0.5)):
+            rows += [dict(metric="rel_l2", value=rel, model=model, h=h),
+                     dict(metric="cosine_distance", value=cos, model=model, h=h)]
+    c = ctx(tmp_path)
+    bt.check_claims(c, cfg, pd.DataFrame(rows))
+    failed = set(c.claims().query("not passed")["id"])
+    assert {"karbevski.fig2.mlp_beats_linear", "karbevski.fig2.training_beats_init", "karbevski.fig2.mlp_rel_l2",
+            "karbevski.fig2.mlp_cosine_distance"} <= failed
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, args, message", [
+    ("wq_reparam", ["heads=5"], "not divisible by heads=5"),
+    ("wq_reparam", ["wq_rank=10"], "GL(d)"),
+    ("wq_reparam", ["relu.h=1"], "h ≥ 2"),
+    ("attention_scale", ["heads=7"], "not divisible by heads=7"),
+    ("attention_scale", ["sweep.heads=[5]"], "does not divide"),
+    ("basis_transfer", ["widths=[]"], "non-empty"),
+])
+def test_bad_input_is_one_line_and_no_folder(tmp_path, name, args, message):
+    out = tmp_path / "run"
+    result = run_cli("run", name, "preset=smoke", *args, f"hydra.run.dir={out}")
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not out.exists()
