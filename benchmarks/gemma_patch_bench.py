@@ -44,7 +44,8 @@ def measure(mode: str, model_name: str, dtype_name: str, tokens: int, variant: s
 
     from experiments.core.runtime import resolve_dtype
     from experiments.goldwaser.gemma_models import encode_prompt, load_gemma
-    from experiments.patching.gemma3_generate import GemmaPatcher, compare_generation
+    from experiments.patching.generate import compare_generation
+    from experiments.patching.patcher import Patcher
 
     bundle = load_gemma(model_name, resolve_dtype(dtype_name), "cpu", seed=0)
     inputs = encode_prompt(bundle, PROMPT)
@@ -62,7 +63,7 @@ def measure(mode: str, model_name: str, dtype_name: str, tokens: int, variant: s
                 times.append(1000 * (time.perf_counter() - t0))
                 cache, query = out.past_key_values, out.logits[:, -1:].argmax(-1)
         else:
-            patcher = GemmaPatcher(bundle.model, variant)
+            patcher = Patcher(bundle.model, variant)
             for st in compare_generation(patcher, inputs, tokens + 1, control=False):
                 times.append(st.patched_ms)
     times = times[1:]  # the first step warms up kernels

@@ -44,11 +44,6 @@ CHAT_TEMPLATE = (
     "{% else %}{{ part['text'] | trim }}{% endif %}{% endfor %}{% endif %}"
     "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
-FIX_HINT = ("fixes: accept the Gemma licence on huggingface.co and log in (`hf auth login` or HF_TOKEN=...), "
-            "pass a local checkpoint folder as model=PATH, or use an offline model: "
-            "model=tiny-gemma3 | gemma3-1b-random")
-
-
 @dataclass
 class GemmaBundle:
     """A loaded model and what turns text (and images) into its inputs."""
@@ -153,10 +148,21 @@ def randomize_(model: nn.Module, seed: int) -> nn.Module:
             elif pname == "bias":
                 p.zero_()
             elif p.ndim >= 2:
-                draw(p, 1.0 / math.sqrt(p[0].numel()))
-            else:  # Gemma3RMSNorm weights (scale 1 + w) and the like
+                draw(p, 1.0 / math.sqrt(_fan_in(module, p)))
+            elif "Gemma" in type(module).__name__:  # Gemma3RMSNorm weights (scale 1 + w)
                 draw(p, 0.3)
+            else:  # RMSNorm weights that are the scale itself (Llama, Mixtral)
+                draw(p, 0.3, 1.0)
     return model
+
+
+def _fan_in(module: nn.Module, p: torch.Tensor) -> int:
+    """Inputs per output: GPT-2's Conv1D stores (in, out); an MoE's stacked experts (E, out, in)."""
+    if type(module).__name__ == "Conv1D":
+        return p.shape[0]
+    if p.ndim == 3 and not isinstance(module, nn.Conv1d):
+        return p.shape[-1]
+    return p[0].numel()
 
 
 def _random_causal_lm(config, seed: int):
@@ -198,45 +204,13 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
-def _from_pretrained(name: str, dtype: torch.dtype):
-    """A hub id or a local folder. Anything that stops the load becomes one UserError line."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoTokenizer
-
-    where = "local folder" if Path(name).expanduser().exists() else "hub id"
-    try:
-        config = AutoConfig.from_pretrained(name)
-    except Exception as err:  # OSError (no network / gated / not found), ValueError, HTTP errors...
-        raise UserError(f"cannot load model {name!r} ({where}): {_first_line(err)}; {FIX_HINT}") from None
-    if config.model_type not in ("gemma3", "gemma3_text"):
-        raise UserError(f"model {name!r} is a {config.model_type!r} model; gemma_match needs Gemma 3 "
-                        f"(model_type gemma3 or gemma3_text)")
-    try:
-        if config.model_type == "gemma3":
-            from transformers import Gemma3ForConditionalGeneration
-
-            model = Gemma3ForConditionalGeneration.from_pretrained(name, dtype=dtype)
-            processor = AutoProcessor.from_pretrained(name)
-            return model, processor.tokenizer, processor
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-        return model, AutoTokenizer.from_pretrained(name), None
-    except Exception as err:
-        raise UserError(f"cannot load model {name!r} ({where}): {_first_line(err)}; {FIX_HINT}") from None
-
-
 def load_gemma(name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                seed: int = 0) -> GemmaBundle:
-    """The model `name` (see the module docstring) in `dtype` on `device`, in eval mode."""
-    name = str(name)
-    if name in OFFLINE_MODELS:
-        model, tok, processor = build_offline(name, seed)
-        model = model.to(dtype)
-        is_random = True
-    else:
-        model, tok, processor = _from_pretrained(name, dtype)
-        is_random = False
-    model = model.to(device).eval()
-    model.requires_grad_(False)
-    return GemmaBundle(name=name, model=model, tokenizer=tok, processor=processor, is_random=is_random)
+    """The model `name` in `dtype` on `device`, in eval mode: `patch_models.load_model`, which also takes
+    the other architectures (kept under this name for gemma_match's callers)."""
+    from experiments.goldwaser.patch_models import load_model
+
+    return load_model(name, dtype, device, seed)
 
 
 # -- inputs ----------------------------------------------------------------------------------------

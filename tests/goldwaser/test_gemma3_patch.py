@@ -14,17 +14,14 @@ from experiments.patching.gemma3 import (
     GATE,
     SCALE,
     UP,
-    PatchBuffers,
-    attention_residual,
-    capture_query_activations,
     divide_or_zero,
     input_patch_factors,
-    patch_layer,
     rms_normalize,
     scale_patch,
 )
-from experiments.patching.gemma3_generate import GemmaPatcher, compare_generation, logit_comparison
 from experiments.patching.gemma3_stable import rms_multiplier, unit_rms_minimizer
+from experiments.patching.generate import compare_generation, logit_comparison
+from experiments.patching.patcher import Patcher
 from experiments.patching.rank1 import rank1_update
 from tests.gemma_fixtures import prompt_inputs, state_snapshot, tiny
 
@@ -74,9 +71,16 @@ def test_scale_patch_absorbs_the_residual_change_and_counts_divisions_by_zero():
 
 
 # -- Theorem 1 on the real Gemma3DecoderLayer ---------------------------------------------------
-def _layer_setup(dtype: torch.dtype, layer_index: int = 1):
+def attention_residual(layer, x, rope):
+    """v = A(∅, x), written out from Gemma3DecoderLayer.forward's first half (independent of the hooks)."""
+    h = layer.input_layernorm(x)
+    a, _ = layer.self_attn(hidden_states=h, position_embeddings=rope, attention_mask=None)
+    return x + layer.post_attention_layernorm(a)
+
+
+def _layer_setup(dtype: torch.dtype, layer_index: int = 1, variant: str = "naive"):
     bundle = tiny(dtype)
-    patcher = GemmaPatcher(bundle.model, "naive")
+    patcher = Patcher(bundle.model, variant)
     ids = prompt_inputs(bundle)["input_ids"]
     cache = patcher.prefill({"input_ids": ids[:, :-1]})
     _, caps, _ = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
@@ -90,14 +94,15 @@ def _layer_setup(dtype: torch.dtype, layer_index: int = 1):
 def test_theorem1_step_by_step_on_a_gemma3_decoder_layer_float64():
     patcher, layer, cap, x, rope = _layer_setup(torch.float64)
     # Step 0: v = A(∅, x) is what the layer itself computes before its MLP for x alone.
-    with capture_query_activations(torch.nn.ModuleList([layer])) as alone:
-        plain = layer(x, position_embeddings=rope, attention_mask=None)
+    kwargs = {"position_embeddings": rope, "attention_mask": None}
+    alone, _ = patcher._run(layer, (), kwargs, x, {}, stop_at_mlp=True)
+    plain = layer(x, **kwargs)
     v = attention_residual(layer, x, rope)
-    assert torch.equal(v.view(-1), alone[0].v_c)
+    torch.testing.assert_close(v.view(-1), alone["v"], rtol=1e-12, atol=1e-12)
     assert (cap.v_c - v.view(-1)).abs().max() > 0.1  # the context matters (else the test is vacuous)
 
-    bufs = PatchBuffers(torch.float64)
-    patch_layer(layer, cap, v, "naive", bufs)
+    patcher.patch_layer(layer, cap, x, (), kwargs)
+    bufs = patcher.bufs
     z_c = layer.pre_feedforward_layernorm(cap.v_c)
     z = layer.pre_feedforward_layernorm(v.view(-1))
     # Step 1 (Eqs. 2–3): the patched gate and up projections see z_C through z.
@@ -121,10 +126,11 @@ def test_theorem1_step_by_step_on_a_gemma3_decoder_layer_float64():
 
 
 def test_patched_weights_are_rounded_to_the_model_dtype_and_the_model_is_untouched():
-    patcher, layer, cap, x, rope = _layer_setup(torch.bfloat16)
+    patcher, layer, cap, x, rope = _layer_setup(torch.bfloat16, variant="stable")
     before = state_snapshot(patcher.model)
-    bufs = PatchBuffers(torch.bfloat16)
-    patch_layer(layer, cap, attention_residual(layer, x, rope), "stable", bufs)
+    kwargs = {"position_embeddings": rope, "attention_mask": None}
+    patcher.patch_layer(layer, cap, x, (), kwargs)
+    bufs = patcher.bufs
     assert {GATE, UP, DOWN, SCALE} == set(bufs.tensors)
     assert all(t.dtype == torch.bfloat16 for t in bufs.tensors.values())
     # W + ΔW computed in float32 then rounded once: equals the float32 sum rounded to bfloat16
@@ -135,7 +141,8 @@ def test_patched_weights_are_rounded_to_the_model_dtype_and_the_model_is_untouch
     assert torch.equal(bufs.tensors[GATE], (W + torch.outer(u, s)).bfloat16())
     after = state_snapshot(patcher.model)
     assert all(torch.equal(before[k], after[k]) for k in before)
-    patch_layer(layer, cap, attention_residual(layer, x, rope), "naive", bufs)
+    patcher.variant = "naive"
+    patcher.patch_layer(layer, cap, x, (), kwargs)
     assert DOWN not in bufs.tensors  # naive leaves W_down alone
 
 
@@ -143,7 +150,7 @@ def test_empty_context_gives_zero_patches_and_the_stock_forward():
     """With nothing to absorb the patched forward must be the model's own forward on the token alone,
     bit for bit: this checks the hand-assembled embed -> layers -> norm -> head pass."""
     bundle = tiny(torch.float32)
-    patcher = GemmaPatcher(bundle.model, "naive")
+    patcher = Patcher(bundle.model, "naive")
     query = torch.tensor([[42]])
     context, caps, _ = patcher.context_step({"input_ids": query}, None)
     result = patcher.patched_pass(query, caps)
@@ -155,7 +162,7 @@ def test_empty_context_gives_zero_patches_and_the_stock_forward():
 # -- Algorithm 1 across layers, generation -------------------------------------------------------
 def _run(dtype, variant, n=12, prompt=None):
     bundle = tiny(dtype)
-    patcher = GemmaPatcher(bundle.model, variant)
+    patcher = Patcher(bundle.model, variant)
     inputs = prompt_inputs(bundle) if prompt is None else prompt_inputs(bundle, prompt)
     return list(compare_generation(patcher, inputs, n))
 

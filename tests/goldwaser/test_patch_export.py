@@ -1,5 +1,6 @@
 """`icl-exp patch export`: a patched Hugging Face checkpoint that stock transformers loads and that,
-fed the prompt's last token alone, gives the original model's next-token logits for the whole prompt."""
+fed the prompt's last token alone, gives the original model's next-token logits for the whole prompt,
+for every architecture."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ import torch
 
 from tests.conftest import REPO_ROOT
 
+PATCHED = {
+    ("tiny-gemma3", "naive"): {"mlp.gate_proj.weight", "mlp.up_proj.weight", "post_feedforward_layernorm.weight"},
+    ("tiny-gemma3", "stable"): {"mlp.gate_proj.weight", "mlp.up_proj.weight", "post_feedforward_layernorm.weight",
+                                "mlp.down_proj.weight"},
+    ("tiny-llama", "closed_loop"): {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"},
+    ("tiny-gpt2", "closed_loop"): {"mlp.c_fc.weight", "mlp.c_proj.bias"},
+    ("tiny-mixtral", "closed_loop"): {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"},
+    ("tiny-gptj", "closed_loop"): {"mlp.fc_in.weight", "mlp.fc_out.bias"},
+}
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
@@ -20,17 +31,23 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("variant", ["naive", "stable"])
-def test_export_round_trip_through_stock_transformers(tmp_path, variant):
+FAST = {("tiny-gemma3", "stable"), ("tiny-llama", "closed_loop")}  # the rest: @slow (a subprocess each)
+
+
+@pytest.mark.parametrize("model, variant", [p if p in FAST else pytest.param(*p, marks=pytest.mark.slow)
+                                            for p in PATCHED])
+def test_export_round_trip_through_stock_transformers(tmp_path, model, variant):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "export"
-    res = _cli("export", "model=tiny-gemma3", "prompt=Write a haiku about snow.", f"variant={variant}", f"out={out}")
+    res = _cli("export", f"model={model}", "prompt=Write a haiku about snow.", f"variant={variant}", f"out={out}")
     assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
     inputs = json.loads((out / "inputs.json").read_text())
     assert (out / "patched" / "model.safetensors").is_file() and (out / "patched" / "config.json").is_file()
-    base = AutoModelForCausalLM.from_pretrained(out / "base").eval()
-    patched = AutoModelForCausalLM.from_pretrained(out / "patched").eval()
+    kw = {"experts_implementation": "eager"} if model == "tiny-mixtral" else {}
+    base = AutoModelForCausalLM.from_pretrained(out / "base", **kw).eval()
+    patched = AutoModelForCausalLM.from_pretrained(out / "patched", **kw).eval()
     ids = torch.tensor([[*inputs["context_ids"], inputs["query_id"]]])
     query = torch.tensor([[inputs["query_id"]]])
     with torch.no_grad():
@@ -38,21 +55,25 @@ def test_export_round_trip_through_stock_transformers(tmp_path, variant):
         got = patched(query).logits[0, -1]
         control = base(query).logits[0, -1]
     assert int(got.argmax()) == int(want.argmax()) == inputs["reference_top1"]
-    assert (got - want).abs().max() < 1e-2 * want.abs().max()
+    level = 1e-2 if variant == "naive" else 1e-4  # naive Gemma: Δm amplifies float32 rounding (open loop)
+    assert (got - want).abs().max() < level * want.abs().max()
     assert (control - want).abs().max() > 0.1  # without the patch the token alone does not do it
     changed = [k for k, v in patched.state_dict().items() if not torch.equal(v, base.state_dict()[k])]
-    kinds = {k.split(".", 3)[-1] for k in changed}
-    expected = {"mlp.gate_proj.weight", "mlp.up_proj.weight", "post_feedforward_layernorm.weight"}
-    assert kinds == (expected | {"mlp.down_proj.weight"} if variant == "stable" else expected)
+    assert {k.split(".", 3)[-1] for k in changed} == PATCHED[(model, variant)]
 
 
-def test_export_errors_are_one_line(tmp_path):
-    res = _cli("export", "model=tiny-gemma3")
-    assert res.returncode == 2 and "missing out=..." in res.stderr
+def test_export_errors_are_one_line_and_leave_nothing(tmp_path):
     res = _cli("export", "model=tiny-gemma3", f"out={tmp_path / 'x'}", "variant=weird")
     assert res.returncode == 2 and "variant='weird'" in res.stderr
     res = _cli("export", "model=tiny-gemma3", f"out={tmp_path / 'x'}", "colour=red")
-    assert res.returncode == 2 and "unknown key 'colour'" in res.stderr
+    assert res.returncode == 2 and "unknown config key 'colour'" in res.stderr
+    res = _cli("export", "model=tiny-llama", f"out={tmp_path / 'x'}", "variant=stable")
+    assert res.returncode == 2 and "needs a post-MLP norm" in res.stderr
     res = _cli("export", "model=google/gemma-3-1b-it", f"out={tmp_path / 'y'}")
     assert res.returncode == 2 and "cannot load model" in res.stderr and "Traceback" not in res.stderr
-    assert not (tmp_path / "y").exists()
+    folder = tmp_path / "no_config"
+    folder.mkdir()
+    res = _cli("export", f"model={folder}", f"out={tmp_path / 'z'}")
+    assert res.returncode == 2 and "without config.json" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert not any((tmp_path / d).exists() for d in ("x", "y", "z"))

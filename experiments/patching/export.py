@@ -1,9 +1,10 @@
 """A Hugging Face checkpoint with one prompt's context moved into its weights (`icl-exp patch export`).
 
-For a prompt (context C, last token x) Algorithm 1 gives every decoder layer its patched W_gate, W_up,
-post-feed-forward scale (and W_down, stable variant). They are written into the model, which is saved
-with `save_pretrained`: stock `AutoModelForCausalLM.from_pretrained(DIR/patched)` loads it, and fed
-x alone it gives the original model's next-token logits after the whole prompt.
+For a prompt (context C, last token x) the patcher gives every decoder layer its patched tensors (the
+adapter's input matrices and output parameter: e.g. Gemma's W_gate, W_up, post-MLP scale; Llama's
+W_gate, W_up, W_down; GPT-2's c_fc weight and c_proj bias). They are written into the model, which is
+saved with `save_pretrained`: stock `AutoModelForCausalLM.from_pretrained(DIR/patched)` loads it, and
+fed x alone it gives the original model's next-token logits after the whole prompt.
 
 DIR/patched   the patched checkpoint (safetensors + config + tokenizer)
 DIR/base      the original model, for random models that exist nowhere else
@@ -19,7 +20,8 @@ import torch
 from experiments.core.atomic import write_json_atomic
 from experiments.core.errors import UserError
 from experiments.goldwaser.gemma_models import GemmaBundle, encode_prompt
-from experiments.patching.gemma3_generate import GemmaPatcher, logit_comparison
+from experiments.patching.generate import logit_comparison
+from experiments.patching.patcher import Patcher
 
 PAPER_PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
 
@@ -29,7 +31,7 @@ def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str
                    chat_template: bool = True) -> dict:
     """Write DIR/patched (+ DIR/base for random models) and DIR/inputs.json; return the summary."""
     if bundle.multimodal:
-        raise UserError("patch export writes text-only checkpoints (Gemma3ForCausalLM); "
+        raise UserError("patch export writes text-only checkpoints (e.g. Gemma3ForCausalLM); "
                         f"{bundle.name} is multimodal")
     model, tok = bundle.model, bundle.tokenizer
     device = next(model.parameters()).device
@@ -41,21 +43,21 @@ def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str
         model.save_pretrained(out_dir / "base")
         tok.save_pretrained(out_dir / "base")
 
-    patcher = GemmaPatcher(model, variant)
+    patcher = Patcher(model, variant)
     cache = patcher.prefill({"input_ids": ids[:, :-1]})
     query = ids[:, -1:]
     reference, caps, _ = patcher.context_step({"input_ids": query}, cache)
     patched_tensors: dict[str, torch.Tensor] = {}
     result = patcher.patched_pass(query, caps, keep=patched_tensors)
-    decoder_params = dict(patcher.lm.named_parameters())
+    params = dict(model.named_parameters())
     for name, tensor in patched_tensors.items():
-        decoder_params[name].copy_(tensor)  # the model is ours (loaded for this export): patch in place
+        params[name].copy_(tensor)  # the model is ours (loaded for this export): patch in place
     model.save_pretrained(out_dir / "patched")
     tok.save_pretrained(out_dir / "patched")
 
     check = logit_comparison(reference, result.logits)
     summary = {
-        "model": bundle.name, "prompt": prompt, "variant": variant,
+        "model": bundle.name, "model_type": model.config.model_type, "prompt": prompt, "variant": variant,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "context_ids": ids[0, :-1].tolist(), "query_id": int(query),
         "reference_top1": int(reference.argmax()),
@@ -64,4 +66,5 @@ def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str
         "has_base": bundle.is_random,
     }
     write_json_atomic(out_dir / "inputs.json", summary)
+    summary["reference_logits"] = reference  # not in inputs.json: for the caller's own check
     return summary

@@ -1,0 +1,78 @@
+"""patch_export — one prompt's context moved into a model's weights, saved as a stock checkpoint.
+
+`icl-exp patch export model=tiny-llama prompt="..." [out=DIR]` (or `icl-exp run patch_export ...`):
+the patcher (any supported architecture, any variant) patches every layer for the prompt's last token,
+the patched model is saved with `save_pretrained` into RUN/patched (and the original random model into
+RUN/base, since it exists nowhere else), and the check is independent of the patching code: stock
+`AutoModelForCausalLM.from_pretrained(RUN/patched)`, fed the query token alone, against the original
+model's next-token logits after the whole prompt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from experiments.core.errors import UserError
+from experiments.core.registry import Experiment
+from experiments.core.results import RunContext
+
+REF = "Goldwaser §3 Thm 1 / Alg. 1 (exported)"
+
+
+def validate(cfg: DictConfig) -> None:
+    from experiments.goldwaser.patch_match import validate_model
+
+    if not str(cfg.prompt).strip():
+        raise UserError("prompt= is empty: the export needs a prompt (a context and its last token)")
+    validate_model(cfg)  # model, architecture, variant, memory
+
+
+def run(cfg: DictConfig, ctx: RunContext) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from experiments.core.runtime import dtype_name
+    from experiments.goldwaser.gemma_models import threads_for
+    from experiments.goldwaser.patch_models import implementation_kwargs, load_model, quiet_transformers
+    from experiments.patching.export import export_patched
+    from experiments.patching.generate import logit_comparison
+
+    validate(cfg)
+    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
+    with threads_for(bundle.model):
+        summary = export_patched(bundle, str(cfg.prompt), ctx.run_dir, str(cfg.variant), bool(cfg.chat_template))
+    reference = summary.pop("reference_logits")
+    with quiet_transformers():
+        stock = AutoModelForCausalLM.from_pretrained(ctx.run_dir / "patched", dtype=ctx.dtype,
+                                                     **implementation_kwargs(bundle.model.config)).to(ctx.device)
+    with torch.no_grad():
+        got = stock(input_ids=torch.tensor([[summary["query_id"]]], device=ctx.device)).logits[0, -1].float()
+    check = logit_comparison(reference, got)
+    index = dict(model=str(cfg.model), dtype=dtype_name(ctx.dtype), variant=str(cfg.variant))
+    ctx.log_many(check, **index)
+    where = f"{cfg.model}, {dtype_name(ctx.dtype)}, {cfg.variant}"
+    ctx.check("goldwaser.export.top1_reproduced", REF,
+              f"stock transformers loads the patched checkpoint and, fed the query token alone, picks the "
+              f"original model's next token after the whole prompt ({where})", check["top1_match"], ">=", 1.0)
+    if ctx.dtype in (torch.float32, torch.float64):
+        ctx.check("goldwaser.export.logits_reproduced", REF,
+                  f"...and its logits equal the original model's at rounding level: max |Δlogit| / max |logit| "
+                  f"({where})", check["logit_linf_rel"], "<=", 1e-4)
+
+
+def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    return []  # a checkpoint, not a figure: RUN/patched, RUN/inputs.json
+
+
+EXPERIMENT = Experiment(
+    name="patch_export",
+    paper="Goldwaser et al.",
+    figures="(checkpoint)",
+    description="a prompt's context in the weights, saved as a stock transformers checkpoint",
+    run=run,
+    plot=plot,
+    validate=validate,
+)

@@ -1,0 +1,253 @@
+"""Models for context patching on any supported architecture (see experiments/patching/arch/).
+
+`load_model(name, dtype, device, seed)` takes
+- a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have an adapter;
+- an offline random model: the Gemma 3 ones of gemma_models (tiny-gemma3, gemma3-1b-random,
+  tiny-gemma3-vision), and tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj (4 layers, d = 64, the stock
+  transformers classes) and llama3.2-1b-random (Llama 3.2 1B's shape) built here, all with the same
+  byte-level tokenizer and chat template.
+
+Before anything is allocated, the model's size is computed on the meta device and compared with the
+memory available: a model that cannot fit fails in one line. A hub id is tried only when the hub is
+reachable (probed once, 3 s) or the checkpoint is in the local cache: offline, it fails in seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from experiments.core.errors import UserError
+from experiments.goldwaser import gemma_models
+from experiments.goldwaser.gemma_models import GemmaBundle, byte_tokenizer, randomize_
+
+ModelBundle = GemmaBundle  # a model with its tokenizer (and processor), whatever the architecture
+GEMMA_OFFLINE = gemma_models.OFFLINE_MODELS
+OFFLINE_MODELS = (*GEMMA_OFFLINE, "tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-gptj", "llama3.2-1b-random")
+TINY_ARCHITECTURES = ("tiny-gemma3", "tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-gptj")
+FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
+            "HF_TOKEN=...), pass a local checkpoint folder as model=PATH, or use an offline model: "
+            f"model={' | '.join(OFFLINE_MODELS)}")
+MEMORY_HEADROOM = 1.3  # the weights plus activations, caches and the patched copies of one layer
+
+
+# -- offline random models ---------------------------------------------------------------------------
+def tiny_config(name: str, vocab_size: int):
+    """The transformers config of a tiny random model: 4 layers, d = 64, 4 heads, untied output layer
+    (with a tied one a random model's top token is the query token itself)."""
+    common = dict(vocab_size=vocab_size, pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False)
+    if name == "tiny-llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=4096, **common)
+    if name == "tiny-mixtral":
+        from transformers import MixtralConfig
+
+        return MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                             num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                             max_position_embeddings=4096, sliding_window=None, **common)
+    if name == "tiny-gpt2":
+        from transformers import GPT2Config
+
+        return GPT2Config(n_embd=64, n_layer=4, n_head=4, n_positions=1024, **common)
+    if name == "tiny-gptj":
+        from transformers import GPTJConfig
+
+        return GPTJConfig(n_embd=64, n_layer=4, n_head=4, rotary_dim=8, n_positions=1024, **common)
+    raise UserError(f"unknown offline model {name!r}; known: {', '.join(OFFLINE_MODELS)}")
+
+
+def llama32_1b_config(vocab_size: int = 128256):
+    """meta-llama/Llama-3.2-1B-Instruct's config.json, typed out (the checkpoint is gated; the shape is public)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                       rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                       rope_scaling={"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0,
+                                     "low_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+                       bos_token_id=2, eos_token_id=1, pad_token_id=0)
+
+
+def offline_config(name: str):
+    """The config of an offline model (Gemma ones included), without building it."""
+    tok_len = len(byte_tokenizer())
+    if name == "tiny-gemma3":
+        return gemma_models.tiny_text_config(tok_len)
+    if name == "gemma3-1b-random":
+        return gemma_models.gemma3_1b_config()
+    if name == "tiny-gemma3-vision":
+        return gemma_models.tiny_vision_config(tok_len)
+    if name == "llama3.2-1b-random":
+        return llama32_1b_config()
+    return tiny_config(name, tok_len)
+
+
+def build_offline(name: str, seed: int):
+    """(model, tokenizer, processor) of one of OFFLINE_MODELS, in float32, weights drawn from `seed`."""
+    if name in GEMMA_OFFLINE:
+        return gemma_models.build_offline(name, seed)
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = offline_config(name)
+    model = AutoModelForCausalLM.from_config(config, **implementation_kwargs(config))
+    return randomize_(model, seed), byte_tokenizer(), None
+
+
+def implementation_kwargs(config) -> dict:
+    """MoE experts run eagerly (one expert at a time, MixtralExperts' own loop): the MoE rule computes
+    each active expert's hidden state the same way, and the grouped-GEMM kernel has no float64."""
+    return {"experts_implementation": "eager"} if config.model_type == "mixtral" else {}
+
+
+# -- memory ------------------------------------------------------------------------------------------
+def parameter_count(config) -> int:
+    """Parameters of the causal LM `config` describes, counted on the meta device (nothing allocated)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"), quiet_transformers():
+        if config.model_type == "gemma3":
+            from transformers import Gemma3ForConditionalGeneration
+
+            model = Gemma3ForConditionalGeneration(config)
+        else:
+            model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def available_bytes(device: torch.device | str) -> int:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 1 << 62  # unknown: do not refuse
+
+
+def check_fits(name: str, config, dtype: torch.dtype, device: torch.device | str) -> None:
+    """One line, before any allocation, when the model cannot fit in the memory available."""
+    n = parameter_count(config)
+    need = n * torch.tensor([], dtype=dtype).element_size() * MEMORY_HEADROOM
+    have = available_bytes(device)
+    if need > have:
+        raise UserError(f"model {name!r} ({n / 1e9:.2f}B parameters) needs about {need / 2**30:.1f} GiB in "
+                        f"{str(dtype).removeprefix('torch.')} on {torch.device(device).type}, but only "
+                        f"{have / 2**30:.1f} GiB is available; use a smaller model or dtype=bfloat16")
+
+
+# -- loading -----------------------------------------------------------------------------------------
+@contextmanager
+def quiet_transformers():
+    """transformers' and the hub's warnings off while loading: the user gets one line, or nothing."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:200]
+
+
+@functools.cache
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """One TCP connection to the hub (no retries); False when HF_HUB_OFFLINE is set."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def resolve_config(name: str):
+    """(config, local_files_only) for a hub id or a folder; one UserError line when it cannot be had."""
+    from transformers import AutoConfig
+
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise UserError(f"model={name!r} is a local path without config.json; give a Hugging Face checkpoint "
+                            f"folder (config.json + weights), a hub id, or an offline model "
+                            f"({', '.join(OFFLINE_MODELS)})")
+        where, local_only = "local folder", True
+    else:
+        where, local_only = "hub id", not hub_reachable()
+    try:
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(name, local_files_only=local_only)
+    except Exception as err:  # OSError (no network / gated / not found), ValueError, HTTP errors...
+        why = "the hub is unreachable and it is not in the local cache" if local_only and where == "hub id" \
+            else _first_line(err)
+        raise UserError(f"cannot load model {name!r} ({where}): {why}; {FIX_HINT}") from None
+    return config, local_only
+
+
+def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
+    """Everything that can be checked before a run folder exists: the config can be had, the
+    architecture has an adapter, the model fits in memory. Returns the config."""
+    from experiments.patching.arch import adapter_for
+
+    name = str(name)
+    if name in OFFLINE_MODELS:
+        config = offline_config(name)
+    else:
+        config, _ = resolve_config(name)
+    adapter_for(config.model_type)
+    check_fits(name, config, dtype, device)
+    return config
+
+
+def _from_pretrained(name: str, dtype: torch.dtype, local_only: bool):
+    from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer
+
+    where = "local folder" if Path(name).expanduser().exists() else "hub id"
+    try:
+        with quiet_transformers():
+            config, _ = resolve_config(name)
+            if config.model_type == "gemma3":
+                from transformers import Gemma3ForConditionalGeneration
+
+                model = Gemma3ForConditionalGeneration.from_pretrained(name, dtype=dtype, local_files_only=local_only)
+                processor = AutoProcessor.from_pretrained(name, local_files_only=local_only)
+                return model, processor.tokenizer, processor
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=local_only,
+                                                         **implementation_kwargs(config))
+            return model, AutoTokenizer.from_pretrained(name, local_files_only=local_only), None
+    except UserError:
+        raise
+    except Exception as err:
+        raise UserError(f"cannot load model {name!r} ({where}): {_first_line(err)}; {FIX_HINT}") from None
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+               seed: int = 0) -> ModelBundle:
+    """The model `name` (see the module docstring) in `dtype` on `device`, in eval mode."""
+    name = str(name)
+    config = check_model(name, dtype, device)
+    if name in OFFLINE_MODELS:
+        model, tok, processor = build_offline(name, seed)
+        model = model.to(dtype)
+        is_random = True
+    else:
+        _, local_only = resolve_config(name) if not Path(name).expanduser().exists() else (config, True)
+        model, tok, processor = _from_pretrained(name, dtype, local_only)
+        is_random = False
+    model = model.to(device).eval()
+    model.requires_grad_(False)
+    return ModelBundle(name=name, model=model, tokenizer=tok, processor=processor, is_random=is_random)

@@ -1,0 +1,26 @@
+"""Gemma 3 (text `gemma3_text`, multimodal `gemma3`): Gemma3DecoderLayer.
+
+    v = x + N_post_attn(Attn(N_in(x)))   z = N_pre_ff(v)   d = W_down(gelu_tanh(W_gate z) ⊙ W_up z)
+    T = v + m ⊙ d / RMS(d),   m = 1 + post_feedforward_layernorm.weight
+
+Input matrices W_gate, W_up (Thm 7); the post-MLP RMSNorm's scale absorbs r (Thm 10). App. B's stable
+update (ΔW_down from the RMSNorm inversion, then Δm for the remainder) applies: the block has the
+post-MLP norm it needs.
+"""
+
+from experiments.patching.arch.base import LINEAR, SCALE, BlockAdapter
+
+ADAPTER = BlockAdapter(
+    model_types=("gemma3_text", "gemma3"),
+    family="Gemma 3",
+    # Gemma3ForCausalLM.model is the text model; Gemma3ForConditionalGeneration.model.language_model
+    decoder=lambda model: getattr(model.model, "language_model", model.model),
+    layers_attr="layers",
+    input_matrices={"mlp.gate_proj.weight": LINEAR, "mlp.up_proj.weight": LINEAR},
+    output_rule=SCALE,
+    output_param="post_feedforward_layernorm.weight",
+    residual_at="pre_feedforward_layernorm",
+    captures={"d": ("post_feedforward_layernorm", "input"), "h": ("mlp.down_proj", "input")},
+    stable=True,
+    theorem="Thm 7 + Thm 10 (post-norm scale)",
+)

@@ -1,0 +1,21 @@
+"""GPT-2: GPT2Block (pre-LayerNorm with biases, Conv1D weights, GELU).
+
+    v = x + Attn(LN_1(x))   z = LN_2(v)   T = v + c_proj(gelu(c_fc(z)))
+
+Conv1D stores its weight as (in, out) and computes z W + b, so c_fc's effective matrix is Wᵀ: the input
+update is applied transposed (layout CONV1D). c_proj's bias absorbs r (Thm 8).
+"""
+
+from experiments.patching.arch.base import CONV1D, OUTER_BIAS, BlockAdapter
+
+ADAPTER = BlockAdapter(
+    model_types=("gpt2",),
+    family="GPT-2",
+    decoder=lambda model: model.transformer,
+    layers_attr="h",
+    input_matrices={"mlp.c_fc.weight": CONV1D},
+    output_rule=OUTER_BIAS,
+    output_param="mlp.c_proj.bias",
+    residual_at="ln_2",
+    theorem="Thm 7 + Thm 8 (outer bias)",
+)

@@ -1,0 +1,22 @@
+"""GPT-J: GPTJBlock, a parallel block.
+
+    a = Attn(LN_1(x))   z = LN_1(x)   T = x + a + fc_out(gelu_new(fc_in z))
+
+The MLP reads LN_1(x), never the attention output (Thm 12): for the token alone at its target input
+z = z_C and the input update is zero; the whole attention change goes into fc_out's bias (Thm 8).
+When the patched pass's own input differs from the target (closed loop) fc_in gets the input update.
+"""
+
+from experiments.patching.arch.base import LINEAR, OUTER_BIAS, BlockAdapter
+
+ADAPTER = BlockAdapter(
+    model_types=("gptj",),
+    family="GPT-J",
+    decoder=lambda model: model.transformer,
+    layers_attr="h",
+    input_matrices={"mlp.fc_in.weight": LINEAR},
+    output_rule=OUTER_BIAS,
+    output_param="mlp.fc_out.bias",
+    attention="attn",
+    theorem="Thm 12 (parallel block) + Thm 8 (outer bias)",
+)

@@ -1,0 +1,25 @@
+"""Mixtral: MixtralDecoderLayer with a sparse mixture of experts.
+
+    v = x + Attn(N_in(x))   z = N_post_attn(v)
+    T = v + Σ_{j ∈ top-k(R z)} g_j W_down,j(silu(W_gate,j z) ⊙ W_up,j z),   g = softmax over the top k
+
+The router R reads z: it is an input matrix and gets the input update, so the patched router sees z_C
+and the same experts fire with the same gates (Thm 11). Every expert's gate/up (stacked as
+`experts.gate_up_proj`, (E, 2I, d)) gets the input update too; each active expert's W_down,j absorbs
+r / S by a rank-1 update (S = Σ g_j = 1 after Mixtral's renormalization).
+"""
+
+from experiments.patching.arch.base import EXPERTS, LINEAR, MOE, BlockAdapter
+
+ADAPTER = BlockAdapter(
+    model_types=("mixtral",),
+    family="Mixtral",
+    decoder=lambda model: model.model,
+    layers_attr="layers",
+    input_matrices={"mlp.gate.weight": LINEAR, "mlp.experts.gate_up_proj": EXPERTS},
+    output_rule=MOE,
+    output_param="mlp.experts.down_proj",
+    residual_at="post_attention_layernorm",
+    captures={"router": ("mlp.gate", "output")},
+    theorem="Thm 7 (router too) + Thm 11 (MoE)",
+)

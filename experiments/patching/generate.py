@@ -1,0 +1,106 @@
+"""Generation with the context, and at every token the patched model without it (Goldwaser §4.1).
+
+For every step the with-context pass runs as in plain KV-cached generation (the cache of the earlier
+steps is reused) and leaves each layer's activations at the query position (hooks). The patched
+model, the query token alone through the model's own forward with every layer patched on the fly
+(`patcher.Patcher`), then gives its next-token distribution; both are compared. Nothing recorded is
+fed forward: the recorded activations only define the patches, and the per-layer distance between the
+patched pass's hidden states and the with-context ones is reported (`hidden_linf`).
+
+Only one layer's patched tensors exist at a time (`PatchBuffers`), so memory stays that of plain
+generation plus a few matrices.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from experiments.patching.patcher import PatchedPass, Patcher
+
+
+def logit_comparison(reference: Tensor, other: Tensor) -> dict[str, float]:
+    """L∞ of the logit difference (absolute, and relative to max |reference|), the total variation
+    distance ½‖p − q‖₁ of the two softmax distributions, and whether the top-1 tokens agree."""
+    a, b = reference.double(), other.double()
+    linf = float((a - b).abs().max())
+    return {
+        "logit_linf": linf,
+        "logit_linf_rel": linf / max(float(a.abs().max()), 1e-300),
+        "tvd": 0.5 * float((a.softmax(-1) - b.softmax(-1)).abs().sum()),
+        "top1_match": float(int(a.argmax()) == int(b.argmax())),
+    }
+
+
+@dataclass
+class Step:
+    """One generated token: what the model with the context and the patched model without it say."""
+
+    step: int
+    token_id: int  # the token generated (the baseline's choice, §4.1)
+    patched_token_id: int  # what the patched model would have chosen
+    context: Tensor  # with-context logits
+    patched: PatchedPass
+    control: Tensor | None  # unpatched, no-context logits
+    baseline_ms: float  # the with-context, KV-cached step: plain generation's cost
+    patch_ms: float  # Algorithm 1 + the patched forward
+    control_ms: float = 0.0
+
+    @property
+    def patched_ms(self) -> float:
+        """What a token costs in patched generation: the with-context pass (for the targets) + patch + forward."""
+        return self.baseline_ms + self.patch_ms
+
+
+def greedy(context: Tensor, patched: Tensor) -> tuple[int, int]:
+    return int(context.argmax()), int(patched.argmax())
+
+
+def coupled_sampler(generator: torch.Generator, temperature: float) -> Callable[[Tensor, Tensor], tuple[int, int]]:
+    """Sample both distributions with the same random state, so equal distributions give equal tokens."""
+
+    def sample(context: Tensor, patched: Tensor) -> tuple[int, int]:
+        state = generator.get_state()
+        tokens = []
+        for logits in (context, patched):
+            generator.set_state(state)
+            p = (logits.double().cpu() / temperature).softmax(-1)
+            tokens.append(int(torch.multinomial(p, 1, generator=generator)))
+        return tokens[0], tokens[1]
+
+    return sample
+
+
+def _ms(t0: float) -> float:
+    return 1000.0 * (time.perf_counter() - t0)
+
+
+def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
+                       choose: Callable[[Tensor, Tensor], tuple[int, int]] = greedy,
+                       stop_ids: set[int] | None = None, control: bool = True) -> Iterator[Step]:
+    """§4.1: generate with the context; at every step patch for the whole prefix, compare, and go on
+    with the baseline's token (also after a top-1 mismatch)."""
+    ids = inputs["input_ids"]
+    prefix = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
+              for k, v in inputs.items()}
+    cache = patcher.prefill(prefix) if ids.shape[1] > 1 else None
+    query = ids[:, -1:]
+    for step in range(max_new_tokens):
+        t0 = time.perf_counter()
+        context, caps, cache = patcher.context_step({"input_ids": query}, cache)
+        baseline_ms = _ms(t0)
+        t0 = time.perf_counter()
+        patched = patcher.patched_pass(query, caps)
+        patch_ms = _ms(t0)
+        t0 = time.perf_counter()
+        ctrl = patcher.control_logits(query) if control else None
+        control_ms = _ms(t0) if control else 0.0
+        token, patched_token = choose(context, patched.logits)
+        yield Step(step, token, patched_token, context, patched, ctrl, baseline_ms, patch_ms, control_ms)
+        if stop_ids and token in stop_ids:
+            break
+        query = torch.tensor([[token]], device=ids.device)

@@ -1,0 +1,77 @@
+"""Goldwaser et al. §5, Table 1: the controllability lemmas, written once, on plain vectors.
+
+A block is T(C, x) = v_C + g(f(z_C)): the residual before the MLP v_C (v without the context), the
+MLP's normalized input z_C = N(v_C) (z = N(v)), an inner function f that reads z through input
+matrices, and an outer function g whose parameters can absorb a change of the block's output.
+Theorem 5: the context's whole effect moves into the weights when f is input-controllable (every
+input matrix sees z_C through z) and g is output-controllable (its output moves by any residual r).
+
+Input update (Thms 6–7), for every matrix W that reads z (gate, up, fc_in, an MoE router, every
+expert's gate/up):                      ΔW = W (z_C − z) zᵀ / ‖z‖²   so (W + ΔW) z = W z_C.
+Output updates, each making the outer function's output move by r (Thm 8–12):
+  outer bias (Thm 8)            Δb = r
+  outer weight (Thm 9)          ΔW′ = r yᵀ / ‖y‖²            y: the outer matrix's input, ΔW′ y = r
+  elementwise scale (Thm 10)    Δm = r ⊘ h                   h: the pre-scale output
+  mixture of experts (Thm 11)   each active expert j adds r / S  (S = Σ_j router gate_j; by its outer
+                                weight: ΔW′_j = (r / S) y_jᵀ / ‖y_j‖²)
+  parallel block (Thm 12)       the MLP never sees the attention output: the whole attention change
+                                r = A(C, x) − A(∅, x) goes into the MLP's output parameters.
+
+In Algorithm 1, r = v_C − v (the change of the attention sub-layer's residual). Rank-1 updates are
+returned as factors (u, s) with ΔW = u sᵀ, so callers can add them to a weight in one rounding.
+Nothing here knows a model: the adapters in `arch/` say where z, y, h and the parameters are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def input_update(W: Tensor, z_c: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+    """Thms 6–7: factors (u, s) of ΔW = W (z_C − z) zᵀ / ‖z‖². W is (..., out, in): batched over
+    leading dimensions (an MoE's experts); needs z ≠ 0 (Lemma 6)."""
+    sq = z.square().sum()
+    if float(sq) == 0.0:
+        raise ValueError("z = 0: the rank-1 input patch is undefined (Lemma 6 needs z ≠ 0)")
+    return W @ (z_c - z), z / sq
+
+
+def outer_bias_update(r: Tensor) -> Tensor:
+    """Thm 8: Δb = r (the bias is added after everything that reads the context)."""
+    return r.clone()
+
+
+def outer_weight_update(r: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Thm 9: factors (u, s) of ΔW′ = r yᵀ / ‖y‖², so ΔW′ y = r. Needs y ≠ 0."""
+    sq = y.square().sum()
+    if float(sq) == 0.0:
+        raise ValueError("y = 0: the outer-weight patch is undefined (Thm 9 needs y ≠ 0)")
+    return r, y / sq
+
+
+def divide_or_zero(numerator: Tensor, denominator: Tensor) -> tuple[Tensor, int]:
+    """numerator ⊘ denominator, 0 where the denominator is 0 or the quotient is not finite; and how many.
+    (Lemma 10: where h_i = 0 coordinate i cannot be moved by a scale; it stays uncorrected, counted.)"""
+    q = numerator / denominator
+    bad = ~torch.isfinite(q)
+    return torch.where(bad, torch.zeros_like(q), q), int(bad.sum())
+
+
+def scale_update(r: Tensor, h: Tensor) -> tuple[Tensor, int]:
+    """Thm 10: Δm = r ⊘ h (with the division rule above); returns (Δm, coordinates not movable)."""
+    return divide_or_zero(r, h)
+
+
+def moe_updates(r: Tensor, gates: Tensor, ys: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """Thm 11: for the active experts j, with router gates g_j (K,) and outer-matrix inputs y_j (K, n),
+    outer-weight factors with ΔW′_j y_j = r / S, S = Σ_j g_j: the mixture Σ_j g_j (o_j + r / S) then moves
+    by exactly r. The router must see z_C (input update) so that the same experts fire with the same gates."""
+    total = gates.sum()
+    return [outer_weight_update(r / total, y) for y in ys]
+
+
+def parallel_block_residual(attn_c: Tensor, attn: Tensor) -> Tensor:
+    """Thm 12: in T = x + A(C, x) + g(f(x)) the MLP input f(x) has no context, so the residual the MLP's
+    output parameters must absorb is the whole attention change A(C, x) − A(∅, x)."""
+    return attn_c - attn

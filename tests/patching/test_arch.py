@@ -1,0 +1,97 @@
+"""Each architecture adapter on its tiny random transformers model: the patched model fed the query
+token alone (its own forward, patched weights) against the model with the context, in float64, with
+the unpatched no-context control beside it; and the errors a user sees."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from experiments.core.errors import UserError
+from experiments.goldwaser.gemma_models import encode_prompt
+from experiments.goldwaser.patch_models import TINY_ARCHITECTURES, load_model
+from experiments.patching.arch import adapter_for, check_variant
+from experiments.patching.generate import compare_generation, logit_comparison
+from experiments.patching.patcher import Patcher
+
+PROMPT = "Write a haiku about the first snow of winter."
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@functools.cache
+def _bundle(name: str, dtype: torch.dtype):
+    return load_model(name, dtype, "cpu", seed=0)
+
+
+def _steps(name, dtype, variant, n=6):
+    b = _bundle(name, dtype)
+    return list(compare_generation(Patcher(b.model, variant), encode_prompt(b, PROMPT), n))
+
+
+# Gemma's RMSNorm computes in float32 whatever the model dtype: its float64 level is float32's.
+LEVEL = {"tiny-gemma3": 1e-5}
+
+
+@pytest.mark.parametrize("name", TINY_ARCHITECTURES)
+def test_closed_loop_float64_equals_the_model_with_context_and_the_control_does_not(name):
+    steps = _steps(name, torch.float64, "closed_loop")
+    for st in steps:
+        cmp = logit_comparison(st.context, st.patched.logits)
+        ctrl = logit_comparison(st.context, st.control)
+        assert cmp["logit_linf_rel"] < LEVEL.get(name, 1e-10), (name, st.step, cmp)
+        assert max(st.patched.hidden_rel) < LEVEL.get(name, 1e-10)
+        assert ctrl["logit_linf"] > 0.1  # without the patch the token alone is far off
+        assert st.patched.routing_changed == 0
+    assert sum(logit_comparison(st.context, st.control)["top1_match"] for st in steps) < len(steps)
+
+
+@pytest.mark.parametrize("name", [n for n in TINY_ARCHITECTURES if n != "tiny-gpt2"])
+def test_naive_algorithm1_float64_is_exact_where_the_token_alone_enters_as_in_the_context(name):
+    # Gemma: the naive Δm = r ⊘ f_C multiplies its RMSNorm's float32 rounding by max |Δm| (open loop)
+    level = {"tiny-gemma3": 1e-3}.get(name, 1e-9)
+    for st in _steps(name, torch.float64, "naive", 4):
+        assert logit_comparison(st.context, st.patched.logits)["logit_linf_rel"] < level, name
+
+
+def test_naive_on_gpt2_misses_because_the_token_alone_sits_at_position_0():
+    """GPT-2 adds a learned position embedding at the input: the token alone enters layer 0 as
+    wte + wpe[0], not the with-context wte + wpe[T] that open-loop Algorithm 1 patched for. The closed
+    loop patches for the input it really gets (test above); the open loop is measured off."""
+    steps = _steps("tiny-gpt2", torch.float64, "naive", 4)
+    assert max(st.patched.hidden_rel[0] for st in steps) > 1e-3
+
+
+def test_patched_tensors_are_the_adapters_parameters_in_the_model_dtype():
+    expected = {"tiny-llama": {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"},
+                "tiny-gpt2": {"mlp.c_fc.weight", "mlp.c_proj.bias"},
+                "tiny-gptj": {"mlp.fc_in.weight", "mlp.fc_out.bias"},
+                "tiny-mixtral": {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"}}
+    for name, names in expected.items():
+        b = _bundle(name, torch.bfloat16)
+        patcher = Patcher(b.model, "closed_loop")
+        ids = encode_prompt(b, PROMPT)["input_ids"]
+        cache = patcher.prefill({"input_ids": ids[:, :-1]})
+        _, caps, _ = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
+        keep: dict = {}
+        patcher.patched_pass(ids[:, -1:], caps, keep=keep)
+        assert {k.split(".", 3)[-1] for k in keep} == names, name
+        assert all(t.dtype == torch.bfloat16 for t in keep.values())
+        params = dict(b.model.named_parameters())
+        assert all(k in params and params[k].shape == t.shape for k, t in keep.items())
+
+
+def test_unsupported_architecture_and_inapplicable_variant_are_one_line():
+    with pytest.raises(UserError, match="model_type 'bert' has no context-patching adapter; supported: .*gemma3.*gpt2"):
+        adapter_for("bert")
+    with pytest.raises(UserError, match="variant=stable .* needs a post-MLP norm, which Llama does not have"):
+        check_variant(adapter_for("llama"), "stable")
+    check_variant(adapter_for("gemma3_text"), "stable")
