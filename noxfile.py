@@ -4,6 +4,7 @@
     nox -s tests        # set up, then the test suite (what CI runs)
     nox -s lint         # ruff
     nox -s smoke        # every registered experiment at preset=smoke through the CLI
+    nox -s report_browser  # two experiments, the report, and a headless-Chromium screenshot of it
 
 On a machine without an NVIDIA GPU the set-up installs the CPU build of torch first, so pip never
 downloads CUDA wheels; with a GPU it installs the default (CUDA) build.
@@ -11,7 +12,9 @@ downloads CUDA wheels; with a GPU it installs the default (CUDA) build.
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 import nox
 
@@ -74,6 +77,24 @@ def smoke(session: nox.Session) -> None:
                         silent=True).split()
     for name in names:
         session.run("icl-exp", "run", name, "preset=smoke", "device=cpu", *session.posargs)
+
+
+@nox.session
+def report_browser(session: nox.Session) -> None:
+    """Reproduce two experiments at preset=smoke, write the report, and screenshot report.html in headless
+    Chromium (installed with apt-get when missing and possible): the page a reader opens, checked by eye."""
+    install(session)
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        if shutil.which("apt-get") and os.geteuid() == 0:
+            session.run("apt-get", "install", "-y", "chromium", external=True)
+        else:
+            session.skip("no Chromium: apt-get install chromium")
+    out = Path(session.create_tmp()) / "report_browser"
+    session.run("icl-exp", "reproduce", "preset=smoke", "--only", "linreg_icl,factorization", "--results",
+                str(out / "results"), *session.posargs)
+    session.run("python", "-c", "import sys; from experiments.core.report import screenshot_html as s; "
+                "print(s(sys.argv[1], sys.argv[2]))", str(out / "results" / "report.html"), str(out / "report.png"))
+    session.log(f"look at {out / 'report.png'} (and open {out / 'results' / 'report.html'})")
 
 
 @nox.session

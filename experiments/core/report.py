@@ -421,3 +421,34 @@ def write_report(report: Report, out_dir: Path) -> tuple[Path, Path]:
     write_atomic(md, lambda p: Path(p).write_text(markdown))
     write_atomic(page, lambda p: Path(p).write_text(html_text))
     return md, page
+
+
+# -- the page in a real browser --------------------------------------------------------------------
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def find_browser() -> str | None:
+    import shutil
+
+    return next((path for b in BROWSERS if (path := shutil.which(b))), None)
+
+
+def screenshot_html(page: Path, png: Path, width: int = 1280, height: int = 2400, timeout: float = 180) -> Path:
+    """Render `page` in headless Chromium and save a screenshot: what a reader's browser shows, not a string.
+
+    --no-sandbox because CI containers run as root, where Chromium's sandbox refuses to start."""
+    import subprocess
+
+    browser = find_browser()
+    if browser is None:
+        raise FileNotFoundError("no Chromium found (apt-get install chromium)")
+    png = Path(png).resolve()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    png.unlink(missing_ok=True)
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--window-size={width},{height}", f"--screenshot={png}", Path(page).resolve().as_uri()],
+                   check=True, capture_output=True, timeout=timeout)
+    if not png.is_file():
+        raise RuntimeError(f"{browser} wrote no screenshot of {page}")
+    return png

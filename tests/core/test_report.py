@@ -16,10 +16,13 @@ from experiments.core.report import (  # noqa: E402
     README_BEGIN,
     README_END,
     build_report,
+    find_browser,
     readme_tables,
     render_html,
     render_markdown,
+    screenshot_html,
     update_readme,
+    write_report,
 )
 from experiments.core.results import CHECK_COLUMNS  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
@@ -148,3 +151,23 @@ def test_readme_tables_between_markers(results, tmp_path):
         update_readme(bare, rep)
     proc = run_cli("report", str(results), "--readme", str(bare))
     assert proc.returncode == 2 and "markers" in proc.stderr
+
+
+@pytest.mark.skipif(find_browser() is None, reason="no Chromium (apt-get install chromium)")
+def test_report_renders_in_headless_chromium(results, tmp_path):
+    """The HTML opened in a real browser: the screenshot shows the tables' pass and FAIL cells and the
+    embedded figure (its C0-blue curve), not a blank page or a broken image."""
+    from matplotlib import image
+
+    _, page = write_report(build_report(results), tmp_path / "out")
+    shot = screenshot_html(page, tmp_path / "shot.png", height=1600)
+    pixels = (image.imread(shot)[..., :3] * 255).round()
+    assert pixels.shape[:2] == (1600, 1280)
+
+    def present(rgb, tol=40):
+        return int((abs(pixels - rgb).max(-1) <= tol).sum())
+
+    assert present((0x17, 0x6C, 0x2F)) > 20  # the green "pass" text
+    assert present((0xB0, 0x00, 0x20)) > 20  # the red "FAIL" text
+    assert present((0xFD, 0xE8, 0xE8), tol=4) > 500  # the failed row's background
+    assert present((31, 119, 180), tol=30) > 30  # the figure's blue curve: the base64 image decoded

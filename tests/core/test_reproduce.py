@@ -1,0 +1,45 @@
+"""`icl-exp reproduce`: dependency order, one linreg_icl checkpoint shared, a failure that stops nothing, the report."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from cli.reproduce import ordered, split_overrides
+from tests.conftest import run_cli
+
+
+def test_order_and_overrides():
+    assert ordered(["cov_rate", "factorization", "linreg_icl", "dw_convergence"]) == [
+        "linreg_icl", "dw_convergence", "factorization", "cov_rate"]
+    preset, common, per = split_overrides(["preset=smoke", "seed=1", "linreg_icl:train.steps=5"],
+                                          ["linreg_icl", "cov_rate"])
+    assert preset == "smoke" and common == ["seed=1"] and per == {"linreg_icl": ["train.steps=5"], "cov_rate": []}
+    assert split_overrides([], ["x"])[0] == "cpu"  # the default preset
+
+
+def test_reproduce_a_subset_at_smoke(tmp_path):
+    """linreg_icl runs first and its folder is factorization's checkpoint; dw_convergence, given a bad
+    value, fails in one line without stopping the others; the report is written; the exit status says so."""
+    root = tmp_path / "rep"
+    proc = run_cli("reproduce", "preset=smoke", "--only", "factorization,dw_convergence,linreg_icl",
+                   "dw_convergence:dynamics.n_tasks=0", "linreg_icl:eval.grid_tasks=1", "--results", str(root))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    order = [line.split()[1] for line in lines if line.startswith(("ok", "FAILED"))]
+    assert order == ["linreg_icl", "dw_convergence", "factorization"]
+    assert any(line.startswith("FAILED dw_convergence") and "dynamics.n_tasks=0 must be at least 1" in line
+               for line in lines)
+    assert "failed: dw_convergence" in proc.stdout
+    for name in ("linreg_icl", "factorization"):
+        assert json.loads((root / name / "run.json").read_text())["status"] == "complete"
+    record = json.loads((root / "factorization" / "run.json").read_text())
+    assert f"checkpoint={(root / 'linreg_icl').resolve()}" in record["overrides"]
+    assert not (root / "factorization" / "model.pt").exists()  # loaded linreg_icl's, trained nothing
+    assert (root / "logs" / "dw_convergence.log").is_file()
+    report = (root / "report.md").read_text()
+    assert "missing**: dw_convergence" in report and "### factorization" in report and "### linreg_icl" in report
+    claims = pd.read_csv(root / "factorization" / "claims.csv")
+    assert claims["id"].notna().all() and claims["id"].str.startswith("dherin.").all()
+    assert (root / "report.html").stat().st_size > 10_000  # figures embedded
