@@ -156,3 +156,21 @@ def test_bad_input_is_one_line_and_no_folder(tmp_path, name, args, message):
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not out.exists()
+
+
+def test_basis_transfer_warns_with_the_expected_time_on_cpu(tmp_path, caplog):
+    """preset=paper without a GPU runs on CPU after a warning of the expected time (here forced by
+    warn_after_s=0 on the smoke sizes, so the test stays seconds)."""
+    import torch
+
+    from experiments.karbevski import basis_transfer as bt
+
+    cfg = OmegaConf.merge(OmegaConf.load("conf/experiment/basis_transfer.yaml"),
+                          OmegaConf.load("conf/preset_for/basis_transfer/smoke.yaml"),
+                          {"seed": 0, "preset": "paper", "warn_after_s": 0, "widths": [4], "train": {"steps": 5}})
+    c = ctx(tmp_path)
+    c.device, c.dtype = torch.device("cpu"), torch.float32
+    with caplog.at_level("WARNING"):
+        bt.run(cfg, c)
+    assert any("expect about" in r.message and "GPU" in r.message for r in caplog.records)
+    assert bt.expected_seconds(OmegaConf.load("conf/experiment/basis_transfer.yaml"), c.device, c.dtype) > 3600
