@@ -154,6 +154,12 @@ VARIANTS = {"trained": dict(color="C0", label="trained model"),
             "untrained": dict(color="0.5", ls="--", label="control: untrained model")}
 
 
+def _n_tasks(metrics: pd.DataFrame) -> int:
+    """How many (seed, task) samples each band averages."""
+    rows = metric(metrics, "increment_norm_op2")
+    return len(rows.drop_duplicates(["seed", "task"])) if not rows.empty else 0
+
+
 def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     fig, axes = new_figure(3, width=3.7, height=3.1)
     ax_lin, ax_log, ax_p31 = axes[0]
@@ -198,7 +204,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
             g = rows.groupby("context_length")["value"].max().reset_index()
             ax_p31.plot(g["context_length"], g["value"].clip(lower=1e-20), label=label + suffix, lw=1.1, **style)
     ax_lin.set(xlabel="context length i", ylabel=r"$\|(\Delta W)_{i+1} - (\Delta W)_i\|$",
-               title=r"Convergence of $(\Delta W)_i$ (mean ± s.e. over tasks)")
+               title=r"Convergence of $(\Delta W)_i$" + f"\n(mean ± s.e.m. band over n = {_n_tasks(metrics)} tasks)")
     ax_log.set(xscale="log", yscale="log", xlabel="context length i", ylabel=r"$\|(\Delta W)_{i+1} - (\Delta W)_i\|$",
                title="Same, log–log, with power-law fits")
     ax_p31.set(yscale="log", xlabel="context length i", ylabel="max abs difference",

@@ -241,10 +241,11 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
                 rows = metric(sub[sub["lr"] == lr], name)
                 if not rows.empty:
                     _band(ax_cos, mean_sem(rows, "context_length"), f"{label}, lr={lr:g}{tag}", **style)
+    n = metrics["trial"].nunique() * max(1, metrics["seed"].nunique()) if "trial" in metrics else 0
     ax_loss.set(yscale="log", xlabel="context length i = number of finetuning steps", ylabel="test loss",
-                title="Finetuning (GD) vs implicit update (ΔW)")
+                title=f"Finetuning (GD) vs implicit update (ΔW)\nmean ± s.e.m. over n = {n} trials")
     ax_cos.set(xlabel="context length i = number of finetuning steps", ylabel="normalized Frobenius inner product",
-               title="Alignment of the two weight updates")
+               title=f"Alignment of the two weight updates\nmean ± s.e.m. over n = {n} trials")
     ax_cos.axhline(0, color="k", lw=0.5)
     ax_loss.legend(fontsize=6, loc="best")
     ax_cos.legend(fontsize=5.5, loc="center right")

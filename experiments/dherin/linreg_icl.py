@@ -113,13 +113,17 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     ax_loss, ax_close, ax_heat, ax_ctrl = axes[0]
     draw_loss_panels(ax_loss, ax_close, metrics)
     _heat(fig, ax_heat, metric(metrics, "grid_abs_diff_patched"),
-          r"$|\Phi_W(C,x) - \Phi_{W+\Delta W}(x)|$" + "\n(mean over tasks)")
+          r"$|\Phi_W(C,x) - \Phi_{W+\Delta W}(x)|$" + "\n(mean over tasks)",
+          "patch error, mean |difference| (paper: up to ~1e-7)")
     _heat(fig, ax_ctrl, metric(metrics, "grid_abs_diff_no_context"),
-          r"control: $|\Phi_W(C,x) - \Phi_W(x)|$" + "\n(unpatched, no context)")
+          r"control: $|\Phi_W(C,x) - \Phi_W(x)|$" + "\n(unpatched, no context)",
+          "control error, mean |difference| (its own scale)")
     return save_figure(fig, figures_dir, "fig2_linreg_icl")
 
 
-def _heat(fig, ax, frame: pd.DataFrame, title: str) -> None:
+def _heat(fig, ax, frame: pd.DataFrame, title: str, cbar_label: str) -> None:
+    """One heat map over the (x1, x2) grid; the colorbar says what it measures, since the patch error and
+    the control differ by orders of magnitude (each has its own scale)."""
     if frame.empty:
         ax.set_axis_off()
         return
@@ -130,7 +134,9 @@ def _heat(fig, ax, frame: pd.DataFrame, title: str) -> None:
     cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     cb.formatter.set_powerlimits((-2, 2))
     cb.update_ticks()
-    ax.set(xlabel="$x_1$", ylabel="$x_2$", title=title)
+    cb.set_label(cbar_label, fontsize=7)
+    ax.set(xlabel="$x_1$", ylabel="$x_2$")
+    ax.set_title(title, pad=14)  # room for the colorbar's ×10^k offset above it
     ax.grid(False)
 
 

@@ -16,6 +16,12 @@ SERIES = {
 }
 
 
+def _bars(rows: pd.DataFrame) -> str:
+    """What the error bars are: the s.e.m. over runs (seeds) of a sweep, or nothing for a single run."""
+    n = rows["run_id"].nunique() if "run_id" in rows else 1
+    return f"\n(mean ± s.e.m. over n = {n} runs)" if n > 1 else " (one run: no error bar)"
+
+
 def draw_loss_panels(ax_loss, ax_close, metrics: pd.DataFrame) -> None:
     """Fig. 2/5/6 left and middle from a frame with a `config` column: train loss, the validation loss
     with context and via ΔW (and the control), then a close-up of the two validation losses."""
@@ -34,7 +40,7 @@ def draw_loss_panels(ax_loss, ax_close, metrics: pd.DataFrame) -> None:
             ax_loss.plot(agg["step"], agg["mean"], label=label + suffix, **style)
             if name in ("val_loss_context", "val_loss_patched"):
                 patched = name.endswith("patched")
-                ax_close.errorbar(agg["step"], agg["mean"], yerr=agg["sem"], label=label + suffix,
+                ax_close.errorbar(agg["step"], agg["mean"], yerr=agg["sem"], label=label + suffix + _bars(s),
                                   marker="x" if patched else "o", ms=3.5, ls=style.get("ls", "-"),
                                   color=f"C{2 * ci + patched}", lw=1, capsize=0)
         zero = metric(sub, "val_loss_zero_predictor")

@@ -110,6 +110,12 @@ def _label(frame: pd.DataFrame) -> pd.Series:
     return frame["dtype"].astype(str) + ", Y = first " + frame["removed"].astype("Int64").astype(str)
 
 
+def _n_tasks(metrics: pd.DataFrame) -> int:
+    """How many (seed, task) samples each error bar averages."""
+    rows = metric(metrics, "block_l2_diff_patched")
+    return len(rows.drop_duplicates(["seed", "task"])) if not rows.empty else 0
+
+
 def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     metrics = metrics.copy()
     metrics["config"] = _label(metrics)
@@ -129,7 +135,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
             ax_blocks.errorbar(agg["layer"], agg["mean"], yerr=agg["sem"], marker=marker, ms=4, lw=1, capsize=2,
                                label=label + suffix, color=f"C{2 * ci + (marker == 's')}")
     ax_blocks.set(yscale="log", xlabel="block i", ylabel=r"$\|\Phi^{(i)}(C,x) - \Phi^{(i)}_{W+\Delta W}(x)\|_2$",
-                  title="Block outputs: full context vs patched\n(mean ± s.e. over tasks)")
+                  title=f"Block outputs: full context vs patched\n(mean ± s.e.m. over n = {_n_tasks(metrics)} tasks)")
     if not metric(metrics, "block_l2_diff_patched").empty:
         ax_blocks.set_xticks(sorted(metric(metrics, "block_l2_diff_patched")["layer"].unique()))
         ax_blocks.legend(loc="center right", fontsize=6.5)

@@ -131,3 +131,26 @@ def test_parallel_sweep_with_the_joblib_launcher(icl, tmp_path):
     for job in ("0", "1"):
         assert json.loads((sweep / job / "run.json").read_text())["status"] == "complete"
     assert (sweep / "figures" / f"{FIGURE}.png").is_file()
+
+
+def test_heat_map_colorbars_say_what_they_measure():
+    """The patch error and the control differ by ~1e7: each colorbar carries its own label."""
+    import matplotlib.pyplot as plt
+
+    from experiments.dherin.linreg_icl import _heat
+
+    frame = pd.DataFrame({"x1": [-1.0, -1.0, 1.0, 1.0], "x2": [-1.0, 1.0, -1.0, 1.0],
+                          "value": [1e-8, 2e-8, 3e-8, 4e-8]})
+    fig, ax = plt.subplots()
+    _heat(fig, ax, frame, "title", "patch error, mean |difference|")
+    colorbar = [a for a in fig.axes if a is not ax][0]
+    assert colorbar.get_ylabel() == "patch error, mean |difference|"
+    plt.close(fig)
+
+
+def test_error_bars_say_what_they_are():
+    from experiments.dherin.loss_panels import _bars
+
+    two_seeds = pd.DataFrame({"run_id": ["a", "a", "b", "b"], "value": [1, 2, 3, 4]})
+    assert "mean ± s.e.m. over n = 2 runs" in _bars(two_seeds)
+    assert "one run" in _bars(two_seeds[two_seeds.run_id == "a"])
