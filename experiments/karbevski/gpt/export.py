@@ -31,26 +31,28 @@ def gpt2_config(model: GPT, eot: int | None = None):
 def gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     c = model.cfg
     d = c.d_model
-    src = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    src = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    dtype = src["transformer.wte.weight"].dtype
     out = {"transformer.wte.weight": src["transformer.wte.weight"],
            "transformer.wpe.weight": src["transformer.wpe.weight"],
            "transformer.ln_f.weight": src["transformer.ln_f.weight"],
-           "transformer.ln_f.bias": torch.zeros(d)}
+           "transformer.ln_f.bias": torch.zeros(d, dtype=dtype)}
     for i in range(c.n_layer):
         p = f"transformer.h.{i}."
         c_attn = src[p + "attn.c_attn.weight"]  # (2d or 3d, d)
-        query = c_attn[:d] if c.query == "learned" else torch.eye(d)
+        query = c_attn[:d] if c.query == "learned" else torch.eye(d, dtype=dtype)
         kv = c_attn[d:] if c.query == "learned" else c_attn
         full = torch.cat([c.attn_scale_mult * query, kv])  # the scale's multiplier folded into W_Q
-        out |= {p + "ln_1.weight": src[p + "ln_1.weight"], p + "ln_1.bias": torch.zeros(d),
-                p + "ln_2.weight": src[p + "ln_2.weight"], p + "ln_2.bias": torch.zeros(d),
-                p + "attn.c_attn.weight": full.T.contiguous(), p + "attn.c_attn.bias": torch.zeros(3 * d),
+        out |= {p + "ln_1.weight": src[p + "ln_1.weight"], p + "ln_1.bias": torch.zeros(d, dtype=dtype),
+                p + "ln_2.weight": src[p + "ln_2.weight"], p + "ln_2.bias": torch.zeros(d, dtype=dtype),
+                p + "attn.c_attn.weight": full.T.contiguous(),
+                p + "attn.c_attn.bias": torch.zeros(3 * d, dtype=dtype),
                 p + "attn.c_proj.weight": src[p + "attn.c_proj.weight"].T.contiguous(),
-                p + "attn.c_proj.bias": torch.zeros(d),
+                p + "attn.c_proj.bias": torch.zeros(d, dtype=dtype),
                 p + "mlp.c_fc.weight": src[p + "mlp.c_fc.weight"].T.contiguous(),
-                p + "mlp.c_fc.bias": torch.zeros(c.mlp_hidden),
+                p + "mlp.c_fc.bias": torch.zeros(c.mlp_hidden, dtype=dtype),
                 p + "mlp.c_proj.weight": src[p + "mlp.c_proj.weight"].T.contiguous(),
-                p + "mlp.c_proj.bias": torch.zeros(d)}
+                p + "mlp.c_proj.bias": torch.zeros(d, dtype=dtype)}
     return out
 
 
@@ -58,7 +60,7 @@ def to_gpt2(model: GPT, eot: int | None = None):
     """A transformers GPT2LMHeadModel holding `model`'s function."""
     from transformers import GPT2LMHeadModel
 
-    hf = GPT2LMHeadModel(gpt2_config(model, eot))
+    hf = GPT2LMHeadModel(gpt2_config(model, eot)).to(next(model.parameters()).dtype)
     missing, unexpected = hf.load_state_dict(gpt2_state_dict(model), strict=False)
     # the head is tied to wte; older transformers also list the causal-mask buffers as missing
     leftover = [k for k in missing if k != "lm_head.weight" and not k.endswith(("attn.bias", "masked_bias"))]
