@@ -57,7 +57,7 @@ def run(
 
     overrides = list(ctx.args)
     try:
-        validate(name, overrides)
+        validate(name, overrides, multirun=multirun)
         dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
         if given:

@@ -8,8 +8,10 @@ string). Sweeps are expanded and every combination is checked.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from experiments.core import registry
 from experiments.core.errors import UserError
-from experiments.core.runtime import DEVICES, DTYPES
+from experiments.core.runtime import DEVICES, DTYPES, resolve_device
 
 MAX_COMBINATIONS_CHECKED = 64
 
@@ -107,21 +109,92 @@ def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig, free
     device = str(cfg.get("device", "auto")).lower()
     if device not in DEVICES and not device.startswith("cuda:"):
         raise UserError(f"device={cfg.device!r} is not one of {', '.join(DEVICES)}")
+    if device.startswith("cuda"):
+        resolve_device(device)  # CUDA asked for on a machine without it: say so before any run folder
 
 
-def _unknown_key_message(err: HydraException, name: str) -> str:
+def _leaf_keys(cfg: DictConfig) -> list[str]:
+    """Every settable key of an experiment's config (`train.steps`, `seed`, ...), Hydra's own left out."""
+    keys: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        for k in node:
+            v = node._get_node(k)
+            path = f"{prefix}{k}"
+            if isinstance(v, DictConfig) and len(v):
+                walk(v, path + ".")
+            else:
+                keys.append(path)
+
+    walk(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), "")
+    return keys
+
+
+def _known_keys_hint(key: str, ref: DictConfig) -> str:
+    keys = _leaf_keys(ref)
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    mean = f"did you mean {close[0]}? " if close else ""
+    return f"{mean}keys: {', '.join(keys)}"
+
+
+def _unknown_key_message(err: HydraException, name: str, ref: DictConfig | None = None) -> str:
     text = str(err)
     if "Could not override" in text or "Key '" in text and "not in struct" in text:
         key = text.split("'")[1] if "'" in text else "?"
-        return (f"unknown config key {key!r} for experiment {name} "
-                f"(see `icl-exp run {name} --cfg job`; to add a new key use +{key}=...)")
-    if "Could not find" in text or "Could not load" in text:
-        return _first_line(err)
+        hint = _known_keys_hint(key, ref) if ref is not None else f"see `icl-exp run {name} --cfg job`"
+        return f"unknown config key {key!r} for experiment {name} ({hint})"
     return _first_line(err)
 
 
-def validate(name: str, overrides: list[str]) -> DictConfig:
-    """Raise UserError for an unknown experiment or a bad override; return the composed config."""
+def _group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (registry.CONF_DIR / group).glob("*.yaml"))
+
+
+def _check_sweeps_and_groups(name: str, parsed: list[Override], multirun: bool) -> None:
+    """A comma-separated value without -m (Hydra's answer is a five-line ambiguity message), and a
+    config group option that does not exist (`preset=gpu`), named with the options there are."""
+    for o in parsed:
+        key = o.key_or_group
+        if o.is_sweep_override() and not multirun:
+            raise UserError(f"{o.input_line} gives several values: use -m to sweep "
+                            f"(icl-exp run {name} -m {o.input_line}), or quote a single value")
+        if _is_group(key) and not key.startswith("hydra") and not o.is_delete():
+            options = _group_options(key)
+            try:
+                values = [str(v) for v in o.sweep_string_iterator()] if o.is_sweep_override() else [str(o.value())]
+            except Exception:  # interval / glob sweeps: Hydra judges them
+                values = []
+            for value in values:
+                if value not in options:
+                    raise UserError(f"{key}={value} is not a {key}: choose one of {', '.join(options)}")
+
+
+def _check_added_keys(parsed: list[Override], ref: DictConfig) -> None:
+    """`+key` (or `++key`) for a key no experiment reads: Hydra adds it, nobody reads it, the run
+    silently uses the default. Group additions (`+group=option`) and Hydra's own keys pass."""
+    for o in parsed:
+        key = o.key_or_group
+        if _is_group(key) or key.startswith("hydra"):
+            continue
+        if o.is_add() or o.is_force_add():
+            if OmegaConf.select(ref, key, default="__missing__") == "__missing__":
+                raise UserError(f"{o.input_line}: no experiment reads {key!r}, so it would be ignored "
+                                f"({_known_keys_hint(key, ref)})")
+
+
+def _check_threads(cfg: DictConfig) -> None:
+    threads = cfg.get("threads")
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise UserError(f"threads={threads!r} is ill-typed: expected an integer (or null for torch's default)")
+    if threads < 1:
+        raise UserError(f"threads={threads} must be at least 1 (or null for torch's default)")
+
+
+def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConfig:
+    """Raise UserError for an unknown experiment or a bad override; return the composed config.
+    `multirun=False` (a plain `icl-exp run`): a comma-separated value is an error that says to use -m."""
     exp = registry.get(name)
     hydra_flags = [o for o in overrides if o.startswith("-")]
     plain = [o for o in overrides if not o.startswith("-")]
@@ -133,19 +206,22 @@ def validate(name: str, overrides: list[str]) -> DictConfig:
         raise UserError(f"cannot parse overrides: {_first_line(err)}") from None
     if any(o.key_or_group == "experiment" for o in parsed):
         raise UserError("give the experiment as `icl-exp run NAME`, not experiment=NAME")
+    _check_sweeps_and_groups(name, parsed, multirun)
     groups = [o.input_line for o in parsed if not o.is_sweep_override() and o.key_or_group == "preset"]
     try:
         ref = _compose([f"experiment={name}", *groups])
     except HydraException as err:
         raise UserError(_unknown_key_message(err, name)) from None
+    _check_added_keys(parsed, ref)
     cfg = ref
     for combo in _expand(parsed):
         try:
             cfg = _compose([f"experiment={name}", *combo])
         except HydraException as err:
-            raise UserError(_unknown_key_message(err, name)) from None
+            raise UserError(_unknown_key_message(err, name, ref)) from None
         combo_parsed = OverridesParser.create().parse_overrides(combo)
         _check_values(cfg, combo_parsed, ref, exp.free_form_keys)
+        _check_threads(cfg)
         if exp.validate is not None:
             exp.validate(cfg)
     GlobalHydra.instance().clear()
@@ -153,7 +229,8 @@ def validate(name: str, overrides: list[str]) -> DictConfig:
 
 
 def check_writable(folder: str | os.PathLike) -> None:
-    """The output folder (or the nearest folder above it that exists) must be a writable folder."""
+    """The output folder must be a folder this process can make and write a file in. Tried for real
+    (os.access says yes for root on /proc and /sys); whatever the try made is removed again."""
     path = Path(folder).expanduser().absolute()
     probe = path
     while not probe.exists():
@@ -162,7 +239,22 @@ def check_writable(folder: str | os.PathLike) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise UserError(f"cannot write the output folder {path}: {probe} is not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write the output folder {path}: {probe} is not writable")
     if path.exists() and any(path.iterdir()) and (path / "run.json").exists():
         raise UserError(f"{path} already holds a run; choose another hydra.run.dir")
+    first_made = None if path.exists() else next(p for p in [path, *path.parents] if p.parent == probe)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".icl-exp-write-check.", dir=path)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as err:
+        raise UserError(f"cannot write the output folder {path}: {err.strerror or err}") from None
+    finally:  # remove the folders the try made (empty ones only: never anything else)
+        if first_made is not None:
+            for made in [path, *path.parents]:
+                try:
+                    made.rmdir()
+                except OSError:
+                    break
+                if made == first_made:
+                    break
