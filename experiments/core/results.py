@@ -22,8 +22,6 @@ METRICS_FILE = "metrics.csv"
 CLAIMS_FILE = "claims.csv"
 RUN_FILE = "run.json"
 FIGURES_DIR = "figures"
-# Legacy columns (claims recorded through claim/claim_at_most/...; being replaced by `check`).
-CLAIM_COLUMNS = ["claim", "source", "paper_value", "measured", "tolerance", "passed"]
 # The claim contract (DESIGN.md): a stable id, the paper's reference, a description with no measured
 # numbers in it, the paper's number (or empty), what this run measured, and how the two are compared:
 #   comparison "<="     passes when measured <= tolerance       (tolerance is the bound)
@@ -82,34 +80,6 @@ class RunContext:
         return frame[METRIC_LEAD_COLUMNS + rest]
 
     # -- claims ----------------------------------------------------------------------------
-    def claim(self, claim: str, source: str, paper_value: Any, measured: float, tolerance: float,
-              passed: bool) -> bool:
-        """Record a claim of the paper with the number this run measured."""
-        measured = float(_as_scalar(measured))
-        passed = bool(passed) and not math.isnan(measured)
-        self._claims.append(dict(claim=claim, source=source, paper_value=paper_value,
-                                 measured=measured, tolerance=tolerance, passed=passed))
-        return passed
-
-    def claim_at_most(self, claim: str, source: str, paper_value: Any, measured: float,
-                      tolerance: float) -> bool:
-        """Passes when measured <= tolerance."""
-        measured = float(_as_scalar(measured))
-        return self.claim(claim, source, paper_value, measured, tolerance, measured <= tolerance)
-
-    def claim_at_least(self, claim: str, source: str, paper_value: Any, measured: float,
-                       tolerance: float) -> bool:
-        """Passes when measured >= tolerance (the tolerance is the bar to clear)."""
-        measured = float(_as_scalar(measured))
-        return self.claim(claim, source, paper_value, measured, tolerance, measured >= tolerance)
-
-    def claim_within(self, claim: str, source: str, paper_value: float, measured: float,
-                     tolerance: float) -> bool:
-        """Passes when |measured - paper_value| <= tolerance."""
-        measured = float(_as_scalar(measured))
-        return self.claim(claim, source, paper_value, measured, tolerance,
-                          abs(measured - float(paper_value)) <= tolerance)
-
     def check(self, id: str, ref: str, description: str, measured: Any, comparison: str, tolerance: float,
               paper_value: float | None = None) -> bool:
         """Record one claim with a stable id (`paper.figure.what`, the same across runs and presets).
@@ -137,9 +107,7 @@ class RunContext:
         return passed
 
     def claims(self) -> pd.DataFrame:
-        if self._claims and "id" in self._claims[0]:
-            return pd.DataFrame(self._claims, columns=CHECK_COLUMNS)
-        return pd.DataFrame(self._claims, columns=CLAIM_COLUMNS)
+        return pd.DataFrame(self._claims, columns=CHECK_COLUMNS)
 
     # -- files -----------------------------------------------------------------------------
     @property

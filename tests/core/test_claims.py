@@ -33,3 +33,10 @@ def test_malformed_claims_are_rejected(ctx, bad):
     args = dict(id="p.f.x", ref="ref", description="d", measured=1.0, comparison="<=", tolerance=1.0) | bad
     with pytest.raises(ValueError):
         ctx.check(**args)
+
+
+def test_only_the_id_contract_is_left(ctx):
+    """The legacy claim/claim_at_most/claim_at_least/claim_within (no ids) are gone: one way to record a claim."""
+    for legacy in ("claim", "claim_at_most", "claim_at_least", "claim_within"):
+        assert not hasattr(ctx, legacy), legacy
+    assert list(ctx.claims().columns) == CHECK_COLUMNS  # also with no claim recorded yet
