@@ -221,7 +221,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     ax_err.axvline(np.finfo(np.float64).eps, color="grey", ls=":", lw=0.8, label="float64 eps")
     ax_err.set(xscale="log", xlabel="relative max |original − reparametrized| (worst draw)",
                title="Each statement vs its control (float64)")
-    ax_err.legend(fontsize=6, loc="center", bbox_to_anchor=(0.55, 0.5), framealpha=0.95)
+    ax_err.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.4, -0.13), ncol=2)
 
     dev, cv = metric(metrics, "linearity_deviation"), metric(metrics, "coefficient_cv")
     if not dev.empty:
