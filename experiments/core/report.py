@@ -292,7 +292,7 @@ def render_markdown(report: Report) -> str:
         failed, missing = _not_run(report, package)
         if rows.empty and not failed and not missing and not _runs_of(report, package):
             continue
-        lines += [f"## {title} — {summary_line(rows)}", ""]
+        lines += [f"## {title} — {summary_line(rows)}", "", *runs_table(report, package)]
         for name, group in rows.groupby("experiment", sort=True):
             lines += [f"### {name} ({_figures_of(name)})", "", "| " + " | ".join(CLAIM_HEADER) + " |",
                       "|" + "---|" * len(CLAIM_HEADER)]
@@ -386,13 +386,28 @@ def render_html(report: Report) -> str:
 # -- README tables ---------------------------------------------------------------------------------
 
 
+def runs_table(report: Report, package: str) -> list[str]:
+    """Markdown rows: which run each paper's numbers come from (preset, device, dtype, wall time, claims)."""
+    runs = _runs_of(report, package)
+    if not runs:
+        return []
+    lines = ["| Experiment | Run | Preset | Device | Wall | Claims |", "|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r.experiment, str(r.path))):
+        wall = r.record.get("wall_time_s")
+        claims = f"{r.record.get('claims_passed', '')}/{r.record.get('claims_total', '')}"
+        lines.append(f"| {r.experiment} | {_md_cell(_rel(r.path, report.root))} | {r.preset} | "
+                     f"{r.record.get('device', '')} {r.record.get('dtype', '')} | "
+                     f"{'' if wall is None else f'{float(wall):.0f} s'} | {claims} |")
+    return lines + [""]
+
+
 def readme_tables(report: Report) -> str:
-    """The README's "Results measured here" tables: one per paper, one row per claim."""
+    """The README's "Results measured here" tables: per paper, the runs they come from, then one row per claim."""
     lines = []
-    for _, title, rows in paper_groups(report):
+    for package, title, rows in paper_groups(report):
         if rows.empty:
             continue
-        lines += [f"**{title}** — {summary_line(rows)}", "",
+        lines += [f"**{title}** — {summary_line(rows)}", "", *runs_table(report, package),
                   "| Claim | Ref | Paper | Measured | Tolerance | Result | Preset |", "|---|---|---|---|---|---|---|"]
         for _, r in rows.iterrows():
             c = _claim_cells(r)
