@@ -27,9 +27,12 @@ def main(cfg: DictConfig) -> dict:
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         run_from_hydra(cfg)
-    except KeyboardInterrupt as err:  # run.json already says interrupted
-        print(f"interrupted ({err or 'Ctrl-C'}): what was measured is kept; run.json says interrupted",
-              file=sys.stderr)
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: run.json already says interrupted; one line
+        from experiments.core.progress import last_progress
+
+        where = f" at {last_progress()}" if last_progress() else ""
+        print(f"interrupted{where} ({err or 'Ctrl-C'}): what it measured is kept in "
+              f"{HydraConfig.get().runtime.output_dir} (run.json: interrupted)", file=sys.stderr)
         raise SystemExit(130) from None
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)

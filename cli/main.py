@@ -100,15 +100,29 @@ def _hydra_flags(args: list[str]) -> list[str]:
 @app.command()
 def plot(run_dir: Path = typer.Argument(..., help="a run folder, or a multirun folder to combine")) -> None:
     """Re-render a run's figures from its CSVs alone (no recomputation)."""
+    import logging
+
+    from experiments.core.console import ConsoleFormatter, plain_console
     from experiments.core.errors import UserError
     from experiments.core.figures import render
 
+    # warnings (an incomplete run, jobs left out of a sweep) as one `warning: ...` line each
+    handler = logging.StreamHandler()
+    handler.setFormatter(ConsoleFormatter("%(message)s"))
+    handler.setLevel(logging.WARNING)
+    logger = logging.getLogger("experiments")
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
     try:
         paths = render(run_dir)
     except UserError as err:
         fail(str(err))
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+    out = plain_console()
     for p in paths:
-        Console().print(str(p), highlight=False)
+        out.print(str(p))  # never hard-wrapped, also when piped
 
 
 def _register_subcommands() -> None:

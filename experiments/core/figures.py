@@ -87,11 +87,12 @@ def _render_incomplete_run(run_dir: Path) -> list[Path]:
 def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
     finished = job_dirs(sweep_dir)
     jobs = [j for j in finished if run_state(j) == "complete"]
+    if not jobs:
+        states = "; ".join(f"job {j.name}: {run_state(j)}" for j in finished)
+        raise UserError(f"{sweep_dir} holds no completed jobs to combine ({states or 'no jobs'})")
     for j in finished:
         if j not in jobs and warn:  # a failed or interrupted job's partial metrics would skew the combination
             log.warning("job %s is %s: left out of the combined figures and claims", j.name, run_state(j))
-    if not jobs:
-        raise UserError(f"{sweep_dir} holds no completed jobs to combine")
     names = {experiment_of(j) for j in jobs}
     if len(names) != 1:
         raise UserError(f"{sweep_dir} mixes experiments {sorted(names)}; plot them one by one")
