@@ -89,7 +89,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
                 for role, value in (("construction", r["error"]), ("control", r["control"])):
                     ctx.log("abs_error", value, role=role, **index)
                     ctx.log("rel_error", value / r["scale"], role=role, **index)
-                for extra in ("condition", "condition_generic"):
+                for extra in ("condition", "condition_generic", "error_d_prime_form", "d_tilde_condition"):
                     if extra in r:
                         ctx.log(extra, r[extra], **index)
                 results.setdefault(key, []).append(r)

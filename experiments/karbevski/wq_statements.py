@@ -203,7 +203,8 @@ def lemma81_semi_conjugacy(s: Shape, g) -> dict:
 
 
 def thm82_layernorm_basis(s: Shape, g) -> dict:
-    """Thm 8.2: D′ L_ε(x + MLP′(x)) = ΘD L_ε(x + MLP(x)) with Eq. 7's MLP′ and D′ = D̃⁻¹.
+    """Thm 8.2: D′ L_ε(x + MLP′(x)) = ΘD L_ε(x + MLP(x)) with Eq. 7's MLP′ and D′ = D̃⁻¹, checked as
+    L_ε(x + MLP′(x)) = D̃ΘD L_ε(x + MLP(x)) (relative error); the D′ form's error is returned beside it.
     Control (Remark 7's plain linear fix): x + MLP′(x) := ΘD(x + MLP(x)) and D′ = I, which is exact
     without the LayerNorm."""
     theta, x = _square(s, g), _rows(s, g)
@@ -219,10 +220,17 @@ def thm82_layernorm_basis(s: Shape, g) -> dict:
     y = x + mlp(x)
     target = lnb.layer_norm(y, s.ln_eps) @ a.T
     shift = _gauss(g, x.shape[0])
-    new = lnb.layer_norm(x + lnb.thm82_mlp_prime(x, mlp, m0, s.ln_eps, shift), s.ln_eps)
-    new = new / torch.diagonal(d_tilde)  # D′ = D̃⁻¹, a diagonal: divide each coordinate
+    normalized = lnb.layer_norm(x + lnb.thm82_mlp_prime(x, mlp, m0, s.ln_eps, shift), s.ln_eps)
+    d_prime = 1 / torch.diagonal(d_tilde)  # D′ = D̃⁻¹
     linear_fix = lnb.layer_norm(y @ a.T, s.ln_eps)
-    return _result(target, new, linear_fix)
+    out = _result(target, normalized * d_prime, linear_fix)
+    # Eq. 6 multiplied through by the diagonal D̃ (an equivalent statement): D′'s small entries of D̃
+    # (max/min ratio = `d_tilde_condition`) amplify rounding in the form above, not here.
+    scaled_target = target * torch.diagonal(d_tilde)
+    out.update(error_d_prime_form=out["error"] / out["scale"],
+               d_tilde_condition=(d_prime.abs().max() / d_prime.abs().min()).item(),
+               error=_diff(scaled_target, normalized) / scaled_target.abs().max().item() * out["scale"])
+    return out
 
 
 # -- ReLU skip absorption (App. 8.4) -----------------------------------------------------------
