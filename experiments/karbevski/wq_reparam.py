@@ -294,7 +294,7 @@ def validate(cfg: DictConfig) -> None:
 EXPERIMENT = Experiment(
     name="wq_reparam",
     paper=PAPER,
-    figures="Lemma 3.1, Props 4.1-4.2, Thms 4.1-4.3, 8.2, 8.3",
+    figures="§3-4, App. 8.2-8.5 (theorems)",
     description="every W_Q = I construction in float64 beside a failing control; the obstructions measured",
     run=run,
     plot=plot,
