@@ -142,11 +142,8 @@ def test_basis_claims_fail_when_the_mlp_loses(tmp_path):
 # -- bad input -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, args, message", [
-    ("wq_reparam", ["heads=5"], "not divisible by heads=5"),
     ("wq_reparam", ["wq_rank=10"], "GL(d)"),
-    ("wq_reparam", ["relu.h=1"], "h ≥ 2"),
     ("attention_scale", ["heads=7"], "not divisible by heads=7"),
-    ("attention_scale", ["sweep.heads=[5]"], "does not divide"),
     ("basis_transfer", ["widths=[]"], "non-empty"),
 ])
 def test_bad_input_is_one_line_and_no_folder(tmp_path, name, args, message):
@@ -156,6 +153,24 @@ def test_bad_input_is_one_line_and_no_folder(tmp_path, name, args, message):
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name, override, message", [
+    ("wq_reparam", {"heads": 5}, "not divisible by heads=5"),
+    ("wq_reparam", {"relu": {"h": 1}}, "h ≥ 2"),
+    ("wq_reparam", {"relu": {"m": 20}}, "2^m"),
+    ("attention_scale", {"sweep": {"heads": [5]}}, "does not divide"),
+    ("attention_scale", {"sweep": {"d_models": [100]}}, "not a multiple"),
+    ("basis_transfer", {"ridge": {"samples": 4}}, "underdetermined"),
+])
+def test_validate_refuses_in_one_line(name, override, message):
+    from experiments.core.errors import UserError
+    from experiments.core.registry import get
+
+    cfg = OmegaConf.merge(OmegaConf.load(f"conf/experiment/{name}.yaml"), override)
+    with pytest.raises(UserError, match=message.replace("^", r"\^")) as err:
+        get(name).validate(cfg)
+    assert "\n" not in str(err.value)
 
 
 def test_basis_transfer_warns_with_the_expected_time_on_cpu(tmp_path, caplog):
