@@ -142,14 +142,15 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
                 ax_abs.plot(x, PAPER_STD[arch], marker="*", color="red", ms=10, ls="none",
                             label="paper (0.0032 / 0.0058)" if i == 0 else None)
     ax_abs.set(yscale="log", xticks=[0.5, 3.5], xticklabels=["‖x‖ = 1\n(paper's assumption)", "LayerNorm\noutputs"],
-               ylabel="std of raw score q·k at init", title="nanoGPT shape (d 768, 12 heads, σ 0.02)")
+               ylabel="std of raw score q·k at init (bars: mean ± s.e.m. over draws)",
+               title="nanoGPT shape (d 768, 12 heads, σ 0.02)")
     ax_abs.legend(fontsize=6.5, loc="upper left")
 
     ratios = metric(metrics, "ratio")
     for ax, sweep, xkey in ((ax_d, "d_model", "d_model"), (ax_h, "heads", "heads")):
         r = mean_sem(ratios[ratios["sweep"] == sweep], xkey)
         ax.errorbar(r[xkey], r["mean"], yerr=r["sem"], marker="o", ls="none", color="C0", capsize=2,
-                    label="measured (mean ± s.e.m. over weight draws)")
+                    label=f"measured (mean ± s.e.m., n = {int(r['count'].max())} weight draws)")
         cf = metric(metrics, "closed_form_ratio")
         cf = cf[cf["sweep"] == sweep].sort_values(xkey)
         ax.plot(cf[xkey], cf["value"], color="k", lw=1, label=r"$1/(\sigma\sqrt{d_{model}})$")
