@@ -157,17 +157,22 @@ def train_variant(cfg: DictConfig, ctx: RunContext, name: str, data, device: tor
     final = max(val)[1]
     ctx.log("final_val_loss", final, variant=name, step=max(val)[0])
     if me.is_main and cfg.export_hf:
-        export_and_compare(ctx, name, model, meta)
+        export_and_compare(ctx, name, model, meta, cache_root(cfg.cache_dir))
     return final
 
 
-def export_and_compare(ctx: RunContext, name: str, model: GPT, meta: dict) -> None:
+def export_and_compare(ctx: RunContext, name: str, model: GPT, meta: dict, cache: Path) -> None:
+    """hf/<variant>/: the model as stock transformers GPT-2 plus its tokenizer (AutoTokenizer loads it)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    from experiments.data.hf_tokenizer import hf_tokenizer
     from experiments.karbevski.gpt.export import export
 
+    hf_logging.disable_progress_bar()
     eot = vocab_size_of(meta["tokenizer"]) - 1
     folder = export(model.float().cpu().eval(), ctx.path(f"hf/{name}"), eot=eot)
+    hf_tokenizer(meta["tokenizer"], cache).save_pretrained(folder)
     hf = AutoModelForCausalLM.from_pretrained(folder).eval()
     idx = torch.randint(0, eot, (2, min(model.cfg.block_size, 64)), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
