@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.core.atomic import write_json_atomic
+from experiments.core.atomic import save_pretrained, write_json_atomic
 from experiments.core.errors import UserError
 from experiments.goldwaser.gemma_models import GemmaBundle, encode_prompt
 from experiments.patching.generate import logit_comparison
@@ -40,7 +40,7 @@ def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str
         raise UserError("the prompt must have at least two tokens: a context and the query token")
     out_dir = Path(out_dir)
     if bundle.is_random:
-        model.save_pretrained(out_dir / "base")
+        save_pretrained(model, out_dir / "base")  # with the umask: transformers writes 0600 safetensors
         tok.save_pretrained(out_dir / "base")
 
     patcher = Patcher(model, variant)
@@ -52,7 +52,7 @@ def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str
     params = dict(model.named_parameters())
     for name, tensor in patched_tensors.items():
         params[name].copy_(tensor)  # the model is ours (loaded for this export): patch in place
-    model.save_pretrained(out_dir / "patched")
+    save_pretrained(model, out_dir / "patched")
     tok.save_pretrained(out_dir / "patched")
 
     check = logit_comparison(reference, result.logits)

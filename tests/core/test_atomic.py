@@ -56,3 +56,32 @@ def test_save_pretrained_files_get_the_umask_mode(tmp_path, umask):
     files = list((tmp_path / "out").glob("*"))
     assert any(f.suffix == ".safetensors" for f in files)
     assert all(_mode(f) == 0o644 for f in files), {f.name: oct(_mode(f)) for f in files}
+
+
+def test_exported_checkpoints_are_readable(tmp_path, umask):
+    """A GPT-2 export (Karbevski) goes through atomic.save_pretrained: model.safetensors is 0644."""
+    from experiments.karbevski.gpt.export import export
+    from experiments.karbevski.gpt.model import GPT, GPTConfig
+
+    umask(0o022)
+    torch.manual_seed(0)
+    folder = export(GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, d_model=8, mlp_hidden=16)),
+                    tmp_path / "gpt2")
+    weights = list(folder.glob("*.safetensors"))
+    modes = {f.name: oct(_mode(f)) for f in folder.iterdir()}
+    assert weights and set(modes.values()) == {"0o644"}, modes
+
+
+def test_every_model_save_goes_through_the_umask_helper():
+    """No experiment calls a model's save_pretrained directly (it would write 0600 safetensors)."""
+    import re
+
+    from tests.conftest import REPO_ROOT
+
+    offenders = []
+    for path in (REPO_ROOT / "experiments").rglob("*.py"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            tokenizer = re.search(r"tok\w*(\(.*\))?\.save_pretrained\(", line)  # tokenizers write plain files
+            if ".save_pretrained(" in line and not tokenizer and "atomic" not in path.name:
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{n}")
+    assert not offenders, offenders

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.core.atomic import save_pretrained
 from experiments.karbevski.gpt.model import GPT
 
 
@@ -72,5 +73,5 @@ def to_gpt2(model: GPT, eot: int | None = None):
 
 def export(model: GPT, folder: Path, eot: int | None = None) -> Path:
     folder = Path(folder)
-    to_gpt2(model, eot).save_pretrained(folder, safe_serialization=True)
+    save_pretrained(to_gpt2(model, eot), folder, safe_serialization=True)  # umask mode, not 0600
     return folder
