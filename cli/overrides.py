@@ -241,7 +241,7 @@ def check_writable(folder: str | os.PathLike) -> None:
         raise UserError(f"cannot write the output folder {path}: {probe} is not a folder")
     if path.exists() and any(path.iterdir()) and (path / "run.json").exists():
         raise UserError(f"{path} already holds a run; choose another hydra.run.dir")
-    first_made = None if path.exists() else next(p for p in [path, *path.parents] if p.parent == probe)
+    made_here = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".icl-exp-write-check.", dir=path)
@@ -249,12 +249,9 @@ def check_writable(folder: str | os.PathLike) -> None:
         os.unlink(tmp)
     except OSError as err:
         raise UserError(f"cannot write the output folder {path}: {err.strerror or err}") from None
-    finally:  # remove the folders the try made (empty ones only: never anything else)
-        if first_made is not None:
-            for made in [path, *path.parents]:
-                try:
-                    made.rmdir()
-                except OSError:
-                    break
-                if made == first_made:
-                    break
+    finally:  # remove the run folder the try made (if empty). Parents it made stay: the run uses them
+        if made_here:  # next, and removing them could race with a run started beside this one
+            try:
+                path.rmdir()
+            except OSError:
+                pass
