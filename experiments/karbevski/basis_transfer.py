@@ -197,6 +197,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
         ax.legend(fontsize=6)
     train = metric(metrics, "train_rel_sq_error")
     for i, (h, rows) in enumerate(train.groupby("h")):
+        rows = rows.groupby("step", as_index=False)["value"].mean()  # a sweep: mean over its jobs
         ax_train.plot(rows["step"], rows["value"], color=f"C{i}", lw=1, label=f"h = {int(h)}")
     ax_train.set(xlabel="step", ylabel="relative squared error (training batch)", yscale="log",
                  title="MLP training (AdamW, cosine lr)")
