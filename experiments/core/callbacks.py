@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -31,7 +32,9 @@ class CombineMultirun(Callback):
             except UserError as err:
                 log.error("could not combine the jobs: %s", err)
         lines, n_bad = sweep_summary(sweep_dir)
+        # printed bare (Hydra's logger here would prefix a timestamp); to stderr when a job failed
+        stream = sys.stderr if n_bad else sys.stdout
         for line in lines:
-            (log.error if n_bad else log.info)("%s", line)
+            print(line, file=stream, flush=True)
         if n_bad:
             raise SystemExit(1)  # not an Exception: Hydra's callback runner would turn that into a warning
