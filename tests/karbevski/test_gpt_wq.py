@@ -56,6 +56,33 @@ def test_run_folder(runs):
     assert (run_dir / "hf" / "baseline_124m" / "model.safetensors").is_file()
 
 
+def test_export_loads_with_auto_classes(runs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from experiments.data.gpt2_bpe import byte_tokenizer
+
+    folder = runs / "full" / "hf" / "baseline_124m"
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    text = "Shall I compare thee to a summer's day?"
+    ids = tok(text)["input_ids"]
+    assert ids == byte_tokenizer().encode(text) and tok.eos_token_id == 256
+    assert model.config.model_type == "gpt2" and model(torch.tensor([ids])).logits.shape == (1, len(ids), 320)
+
+
+def test_sweep_draws_fig1_and_table2(tmp_path):
+    result = run_cli("run", "gpt_wq", "-m", *SMOKE, "variant=baseline_124m,wq_identity_117m", "export_hf=false",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", f"cache_dir={tmp_path / 'cache'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = tmp_path / "sweep" / "figures"
+    table = pd.read_csv(figures / "table2.csv")
+    assert list(table["variant"]) == ["wq_identity_117m", "baseline_124m"]  # Table 2's column order
+    assert table.set_index("variant").loc["wq_identity_117m", "weight_decay"] == 2**-5
+    comparisons = pd.read_csv(figures / "table2_comparisons.csv")
+    assert list(comparisons["id"]) == ["karbevski.table2.wq_identity_matches_baseline"]
+    assert (figures / "fig1_val_loss.png").is_file() and (figures / "table2.png").is_file()
+
+
 def test_resume_continues_the_same_curve(runs):
     full, resumed = curve(runs / "full", "train_loss"), curve(runs / "resumed", "train_loss")
     stopped = curve(runs / "stopped", "train_loss")
