@@ -79,9 +79,12 @@ def reproduce(
 
     status: dict[str, str] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    interrupted = False
     with Progress(*columns, console=out, transient=True, disable=not out.is_terminal) as bar:
         overall = bar.add_task("reproduce", total=len(names))
         for name in names:
+            if interrupted:
+                break
             bar.update(overall, description=f"reproduce: {name}")
             args = [f"preset={preset}", f"hydra.run.dir={root / name}", *common, *per[name]]
             if name in USES_CHECKPOINT and status.get(CHECKPOINT_FROM) == "complete":
@@ -89,8 +92,13 @@ def reproduce(
             t0 = time.perf_counter()
             log_file = root / "logs" / f"{name}.log"
             with open(log_file, "w") as log:
-                proc = subprocess.run([sys.executable, "-m", "cli.main", "run", name, *args], stdout=log,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                try:  # Ctrl-C reaches the child too (same process group): it marks its run interrupted
+                    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", name, *args], stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    out.print(f"[yellow]interrupted[/] during {name}: the report covers what finished")
+                    break
             wall = time.perf_counter() - t0
             status[name] = "complete" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
             if proc.returncode == 0:
@@ -109,6 +117,8 @@ def reproduce(
     out.print(f"{len(names) - len(failed)}/{len(names)} experiments complete"
               + (f"; failed: {', '.join(failed)}" if failed else ""))
     out.print(f"report: {md}\nreport: {page}")
+    if interrupted:
+        raise typer.Exit(130)
     if failed or (strict and report.n_failed_claims):
         raise typer.Exit(1)
 
