@@ -301,6 +301,9 @@ class Patcher:
         names = {id(m): n for n, m in model.named_modules()}
         self.layer_names = [names[id(layer)] for layer in self.layers]
         self._inside = False
+        # closed_loop: solve the output rule against the layer's own forward with the rounded input update
+        # (exact for this layer); False: r = v_C − v(x′) as Algorithm 1, each layer's rounding left to the next
+        self.solve_output = True
 
     # -- the with-context side ----------------------------------------------------------------------
     @torch.no_grad()
@@ -395,7 +398,7 @@ class Patcher:
         z_c, z = cap.z_c.to(cdt), alone["z"].to(cdt)
         for name, layout in A.input_matrices.items():  # Thms 6–7 (+ the router, Thm 11)
             input_update_rounded(layer.get_parameter(name), layout, z_c, z, bufs, name, cdt)
-        if self.variant == "closed_loop":
+        if self.variant == "closed_loop" and self.solve_output:
             mid, _ = self._run(layer, args, kwargs, x_ref, bufs.tensors)  # T′ with the rounded input update
             r = cap.x_out.to(cdt) - mid["out"].to(cdt)
             return apply_output_rule(A, layer, r, mid, bufs, cdt, patched_inputs=True)

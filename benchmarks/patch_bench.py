@@ -1,0 +1,106 @@
+"""Patched generation vs stock transformers `generate` (KV cache) at real 1B shapes (random weights).
+
+    python benchmarks/patch_bench.py [--model gemma3-1b-random|llama3.2-1b-random] [--variant closed_loop]
+                                     [--dtype float32] [--tokens 8]
+
+Targets (issue 8): patched generation ≤ 3× stock `generate`'s time per token, and ≤ 1.5× its peak
+memory. Each mode runs in its own process; the peak RSS (VmHWM) is reset after the model is built, so
+it is the peak while generating (model included). Stock: `model.generate(ids, max_new_tokens=N,
+do_sample=False)` with its KV cache; its per-token time is (t(N + 1) − t(1)) / N, so the prefill is not
+counted. Patched: the with-context KV-cached step (hooks record the targets) plus the patches and the
+patched forward of the token alone (no control), per token, median. Prints a table; not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
+
+
+def peak_rss_mb(reset: bool = False) -> float:
+    """VmHWM of this process (Linux); `reset` restarts it from the current RSS (clear_refs 5), so that
+    the peak of generation is not the peak of building the model."""
+    if reset:
+        Path("/proc/self/clear_refs").write_text("5")
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(mode: str, model_name: str, dtype_name: str, tokens: int, variant: str, threads: int) -> dict:
+    import gc
+
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+
+    from experiments.core.runtime import resolve_dtype
+    from experiments.goldwaser.gemma_models import encode_prompt
+    from experiments.goldwaser.patch_models import load_model
+    from experiments.patching.generate import compare_generation
+    from experiments.patching.patcher import Patcher
+
+    bundle = load_model(model_name, resolve_dtype(dtype_name), "cpu", seed=0)
+    inputs = encode_prompt(bundle, PROMPT)
+    gc.collect()
+    rss_model = peak_rss_mb(reset=True)
+    with torch.no_grad():
+        if mode == "generate":
+            def timed(n: int) -> float:
+                t0 = time.perf_counter()
+                bundle.model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                      pad_token_id=0)
+                return 1000 * (time.perf_counter() - t0)
+
+            timed(1)  # warm-up
+            one, many = timed(1), timed(tokens + 1)
+            ms = (many - one) / tokens
+            times = [ms]
+        else:
+            times = [st.patched_ms for st in compare_generation(Patcher(bundle.model, variant), inputs, tokens + 1,
+                                                                control=False)][1:]  # the first warms up
+    return {"mode": mode, "ms_per_token": sorted(times)[len(times) // 2], "mean_ms": sum(times) / len(times),
+            "peak_rss_mb": peak_rss_mb(), "rss_after_load_mb": rss_model, "threads": torch.get_num_threads()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gemma3-1b-random")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--variant", default="closed_loop")
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--mode", choices=["generate", "patched"], help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.mode:
+        print(json.dumps(measure(a.mode, a.model, a.dtype, a.tokens, a.variant, a.threads)))
+        return
+    root = Path(__file__).resolve().parents[1]
+    rows = []
+    for mode in ("generate", "patched"):
+        cmd = [sys.executable, __file__, "--mode", mode, "--model", a.model, "--dtype", a.dtype,
+               "--variant", a.variant, "--tokens", str(a.tokens), "--threads", str(a.threads)]
+        res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
+        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    plain, patched = rows
+    print(f"{a.model} {a.dtype} {a.variant}, {a.tokens} tokens, {plain['threads']} torch threads")
+    print(f"{'mode':<10}{'ms/token (median)':>20}{'mean ms':>10}{'RSS after load MB':>19}{'peak RSS MB':>13}")
+    for r in rows:
+        print(f"{r['mode']:<10}{r['ms_per_token']:>20.1f}{r['mean_ms']:>10.1f}{r['rss_after_load_mb']:>19.0f}"
+              f"{r['peak_rss_mb']:>13.0f}")
+    print(f"time ratio patched/stock generate: {patched['ms_per_token'] / plain['ms_per_token']:.2f} (target ≤ 3)")
+    print(f"peak memory ratio:        {patched['peak_rss_mb'] / plain['peak_rss_mb']:.2f} (target ≤ 1.5)")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()

@@ -1,0 +1,62 @@
+"""patch_match end to end through the CLI (preset=smoke): one architecture, a two-model sweep that
+draws Table 1 as a picture, and its claims failing on a deliberately wrong input."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from experiments.core.results import RunContext
+from experiments.goldwaser.patch_match import check_claims
+from tests.goldwaser.test_gemma_match import _cli
+
+
+def test_smoke_run_on_gpt2_bfloat16_writes_metrics_and_claims(tmp_path):
+    run_dir = tmp_path / "run"
+    res = _cli("run", "patch_match", "preset=smoke", "model=tiny-gpt2", "dtype=bfloat16", f"hydra.run.dir={run_dir}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+    m = pd.read_csv(run_dir / "metrics.csv")
+    assert set(m["family"]) == {"GPT-2"} and set(m["variant"]) == {"closed_loop"}
+    top1 = m[m["metric"] == "top1_match"]
+    assert len(top1) == 12 and top1["value"].mean() == 1.0  # 2 prompts x 6 tokens, closed loop in bf16
+    claims = pd.read_csv(run_dir / "claims.csv")
+    assert set(claims["id"]) == {"goldwaser.fig4.closed_loop_bfloat16_top1_match",
+                                 "goldwaser.fig3.closed_loop_bfloat16_control_differs"}
+    assert claims["passed"].all()
+
+
+@pytest.mark.slow  # four jobs, a minute or more on a busy 2-core machine
+def test_sweep_over_two_architectures_draws_table1(tmp_path):
+    sweep = tmp_path / "sweep"
+    res = _cli("run", "patch_match", "-m", "preset=smoke", "model=tiny-llama,tiny-gptj", "variant=naive,closed_loop",
+               "max_new_tokens=3", "prompts=[]", f"hydra.sweep.dir={sweep}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (sweep / "figures" / "table1_architectures.png").is_file()
+    claims = pd.read_csv(sweep / "claims.csv")
+    assert len(claims) == 4 * 3 and claims["passed"].all(), claims.to_string()
+
+
+def _metrics(patched_linf: float, match: float, control_linf: float = 5.0) -> pd.DataFrame:
+    rows = []
+    for step in range(4):
+        idx = dict(experiment="patch_match", run_id="r", prompt=0, step=step, model="tiny-llama", family="Llama",
+                   dtype="float32", variant="closed_loop")
+        rows += [dict(idx, metric="top1_match", value=match), dict(idx, metric="logit_linf", value=patched_linf),
+                 dict(idx, metric="logit_linf_rel", value=patched_linf / 10),
+                 dict(idx, metric="control_logit_linf", value=control_linf)]
+    return pd.DataFrame(rows)
+
+
+def test_claims_fail_on_a_wrong_input(tmp_path):
+    import torch
+
+    good = RunContext(run_dir=tmp_path, experiment="patch_match", run_id="r", device=torch.device("cpu"))
+    check_claims(good, _metrics(1e-6, 1.0), torch.float32, "closed_loop", True, "tiny-llama")
+    assert good.claims()["passed"].all()
+    # what the patched logits would look like if they were the control's: every claim must fail
+    bad = RunContext(run_dir=tmp_path, experiment="patch_match", run_id="r", device=torch.device("cpu"))
+    check_claims(bad, _metrics(5.0, 0.0), torch.float32, "closed_loop", True, "tiny-llama")
+    assert not bad.claims()["passed"].any()
