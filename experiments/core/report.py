@@ -408,10 +408,12 @@ def readme_tables(report: Report) -> str:
         if rows.empty:
             continue
         lines += [f"**{title}** — {summary_line(rows)}", "", *runs_table(report, package),
-                  "| Claim | Ref | Paper | Measured | Tolerance | Result | Preset |", "|---|---|---|---|---|---|---|"]
+                  "| Experiment | Claim | Ref | Paper | Measured | Tolerance | Result | Preset |",
+                  "|---|---|---|---|---|---|---|---|"]
         for _, r in rows.iterrows():
             c = _claim_cells(r)
-            lines.append("| " + " | ".join(_md_cell(x) for x in (c[0], c[1], c[2], c[3], c[4], c[5], c[7])) + " |")
+            cells = (r["experiment"], c[0], c[1], c[2], c[3], c[4], c[5], c[7])
+            lines.append("| " + " | ".join(_md_cell(x) for x in cells) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
