@@ -95,13 +95,14 @@ def _table_figure(table: pd.DataFrame, figures_dir: Path) -> list[Path]:
                                          zip(table["paper_shape_params_non_embedding_m"],
                                              table["paper_params_non_embedding_m"], strict=True)],
         "Params trained here": [f"{a:.3g}M" for a in table["params_total_m"]],
+        "d_model / d_k here": [f"{d} / {k}" for d, k in zip(table["d_model"], table["head_dim"], strict=True)],
         "MLP hid. mult.": [f"{m:g}×" for m in table["mlp_mult"]],
         "Attention scale": [f"{s:.4g}" for s in table["attn_scale"]],
         "Weight decay": [fmt(w, ".4g") for w in table["weight_decay"]],
         "Val loss, this run": [fmt(v, ".3f") for v in table["final_val_loss"]],
         "Val loss, paper (100k)": [f"{v:.3f}" for v in table["paper_val_loss"]],
     }
-    fig, axes = new_figure(1, width=11.5, height=0.42 * (len(rows) + 2))
+    fig, axes = new_figure(1, width=11.5, height=0.3 * (len(rows) + 2))
     ax = axes[0][0]
     ax.axis("off")
     t = ax.table(cellText=list(rows.values()), rowLabels=list(rows), colLabels=list(table["label"]), loc="center",
