@@ -93,8 +93,8 @@ class _Bar:
         now = time.perf_counter()
         if now - self._last_line >= PLAIN_EVERY_S and self.done < self.total:
             self._last_line = now
-            log.info("%s: %d/%d%s %s", self.description, self.done, self.total,
-                     _eta(now - self._start, self.done, self.total), self.info)
+            log.info("%s", f"{self.description}: {self.done}/{self.total}"
+                     f"{_eta(now - self._start, self.done, self.total)} {self.info}".rstrip())
 
     def __exit__(self, exc_type, *_exc) -> None:
         global _last_stopped
@@ -106,8 +106,8 @@ class _Bar:
         if self._progress is not None:
             self._progress.stop()
         elif exc_type is None:
-            log.info("%s: %d/%d in %s %s", self.description, self.done, self.total,
-                     _duration(time.perf_counter() - self._start), self.info)
+            log.info("%s", f"{self.description}: {self.done}/{self.total} in "
+                     f"{_duration(time.perf_counter() - self._start)} {self.info}".rstrip())
 
 
 def fancy_enabled() -> bool:
