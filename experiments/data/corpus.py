@@ -52,3 +52,12 @@ def prepare(source: str, tokenizer: str, cache: Path, text_file: str | None = No
     train_docs, val_docs = split_documents(docs, val_fraction)
     meta = {"source": source, "tokenizer": tok.name, "documents": len(docs), "val_fraction": val_fraction}
     return write_bins(folder, encode_documents(train_docs, tok), encode_documents(val_docs, tok), meta)
+
+
+if __name__ == "__main__":  # prepare once, e.g. on a login node: python -m experiments.data.corpus openwebtext gpt2
+    import sys
+
+    from experiments.data.cache import cache_root
+
+    source, tokenizer = (sys.argv[1:3] + ["shakespeare", "gpt2"][len(sys.argv[1:3]):])[:2]
+    print(prepare(source, tokenizer, cache_root(sys.argv[3] if len(sys.argv) > 3 else None)))
