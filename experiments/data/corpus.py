@@ -59,5 +59,7 @@ if __name__ == "__main__":  # prepare once, e.g. on a login node: python -m expe
 
     from experiments.data.cache import cache_root
 
-    source, tokenizer = (sys.argv[1:3] + ["shakespeare", "gpt2"][len(sys.argv[1:3]):])[:2]
-    print(prepare(source, tokenizer, cache_root(sys.argv[3] if len(sys.argv) > 3 else None)))
+    args = sys.argv[1:]
+    source = args[0] if len(args) > 0 else "shakespeare"
+    tokenizer = args[1] if len(args) > 1 else "gpt2"
+    print(prepare(source, tokenizer, cache_root(args[2] if len(args) > 2 else None)))
