@@ -33,6 +33,7 @@ from experiments.patching.arch import VARIANTS
 
 SOURCE = "Goldwaser §4.2"
 TABLE1 = "Goldwaser §5 Table 1"
+CONTEXT_IMAGE = "context_image.png"  # the image of an image-context run, kept beside its CSVs for Fig. 5
 RELATIVE_ROUNDING = 1e-4  # float32 "exact": max |Δlogit| / max |logit| at rounding level
 PAPER_BF16_MATCH = {"naive": 87.5, "stable": 98.0}  # % token agreement, TPU bfloat16 (§4.2)
 SAMPLING = ("greedy", "sample")
@@ -112,6 +113,8 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
     from experiments.patching.patcher import Patcher
 
     image = load_image(cfg.image, int(cfg.seed)) if cfg.get("image") else None
+    if image is not None:
+        image.save(ctx.path(CONTEXT_IMAGE))
     prompts = prompt_list(cfg)
     patcher = Patcher(bundle.model, cfg.variant)
     choose = greedy if cfg.sampling == "greedy" else coupled_sampler(
@@ -206,65 +209,107 @@ def _per_token(m: pd.DataFrame) -> pd.DataFrame:
     wide = keep.pivot_table(index=cols, columns="metric", values="value", aggfunc="first")
     # a token's text may be "" or "nan", which CSV reading turns into NaN: keep it out of the index
     wide["token"] = keep.groupby(cols)["token"].first().fillna("")
+    if "token_id" in keep:
+        wide["token_id"] = keep.groupby(cols)["token_id"].first()
     return wide.reset_index().sort_values(cols)
 
 
-def _figure_per_token(wide: pd.DataFrame, figures_dir: Path, name: str, title: str) -> list[Path]:
-    """Figs. 3 and 5: per generated token, L∞ of the logit difference (top) and TVD (below), a red X
-    where the top-1 tokens differ; one pair of panels per dtype/variant; the control in grey."""
+def tick_labels(rows: pd.DataFrame) -> list[str]:
+    """The generated tokens as text; token ids (#17) when the tokenizer's text is not readable (the byte
+    tokenizer of the random models emits control bytes and fragments)."""
+    texts = rows["token"].astype(str).tolist()
+    ids = rows["token_id"].tolist() if "token_id" in rows else [None] * len(texts)
+    readable = all(t.strip() and t.isprintable() and "\ufffd" not in t for t in texts)
+    if readable:
+        return [t.replace("$", r"\$") for t in texts]
+    return [f"#{int(i)}" if i is not None and i == i else "?" for i in ids]
+
+
+def _figure_per_token(wide: pd.DataFrame, figures_dir: Path, name: str, title: str,
+                      image_path: Path | None = None) -> list[Path]:
+    """Figs. 3 and 5: per generated token of the first prompt, L∞ of the logit difference (top) and TVD
+    (below), a red X where the top-1 tokens differ; one pair of panels per series; the control in grey.
+    Fig. 5 shows the context image beside them."""
+    from matplotlib.lines import Line2D
+
     first = wide[wide["prompt"] == wide["prompt"].min()]
+    n_prompts = int(wide["prompt"].nunique())
     series = sorted(first["series"].unique())
     n_tok = int(first.groupby(["series", "run_id"]).size().max())
     fig, axes = new_figure(1, 2 * len(series), width=max(6.0, 0.13 * n_tok), height=1.7, sharex=False)
+    floor = 1e-12
     for i, s in enumerate(series):
         rows = first[first["series"] == s]
         rows = rows[rows["run_id"] == rows["run_id"].iloc[0]]
         x = rows["step"].to_numpy()
         for k, (col, label) in enumerate((("logit_linf", "logit L∞"), ("tvd", "TVD"))):
             ax = axes[2 * i + k, 0]
-            floor = 1e-12
-            ax.semilogy(x, np.maximum(rows[col].to_numpy(), floor), "o-", ms=2.5, lw=1, label="patched, no context")
+            ax.semilogy(x, np.maximum(rows[col].to_numpy(), floor), "o-", ms=2.5, lw=1)
             if f"control_{col}" in rows:
-                ax.semilogy(x, np.maximum(rows[f"control_{col}"].to_numpy(), floor), "--", color="0.6", lw=1,
-                            label="control: unpatched, no context")
+                ax.semilogy(x, np.maximum(rows[f"control_{col}"].to_numpy(), floor), "--", color="0.6", lw=1)
             bad = rows["top1_match"].to_numpy() < 0.5
             if bad.any():
-                ax.plot(x[bad], np.maximum(rows[col].to_numpy()[bad], floor), "x", color="red", ms=7, mew=2,
-                        label="top-1 differs")
+                ax.plot(x[bad], np.maximum(rows[col].to_numpy()[bad], floor), "x", color="red", ms=7, mew=2)
             ax.set_ylabel(label)
             ax.set_title(f"{s}" if k == 0 else "", loc="left")
             ax.set_xticks(x)
-            ax.set_xticklabels([repr(t)[1:-1] for t in rows["token"].astype(str)] if k == 1 else [],
-                               rotation=90, fontsize=6)
-            if i == 0 and k == 0:
-                ax.legend(loc="upper right", fontsize=6)
-    fig.suptitle(title, fontsize=9)
+            ax.set_xticklabels(tick_labels(rows) if k == 1 else [], rotation=90, fontsize=6)
+    handles = [Line2D([], [], marker="o", ms=3, lw=1, label="patched, no context"),
+               Line2D([], [], ls="--", color="0.6", lw=1, label="control: unpatched, no context"),
+               Line2D([], [], marker="x", ls="", color="red", ms=7, mew=2, label="top-1 differs")]
+    axes[0, 0].legend(handles=handles, loc="upper right", fontsize=6)
+    axes[-1, 0].set_xlabel("generated token")
+    shown = "the only prompt" if n_prompts == 1 else f"prompt 0 of {n_prompts} (all {n_prompts} in Fig. 4)"
+    fig.suptitle(f"{title}; {shown}", fontsize=9)
+    if image_path is not None and image_path.is_file():
+        import matplotlib.image as mpimg
+
+        inset = fig.add_axes([0.005, 0.80, 0.1, 0.17])
+        inset.imshow(mpimg.imread(image_path))
+        inset.set_title("context image", fontsize=6)
+        inset.axis("off")
     return save_figure(fig, figures_dir, name)
 
 
 def _figure_summary(wide: pd.DataFrame, figures_dir: Path) -> list[Path]:
-    """Fig. 4: over all generated tokens of all prompts, the distribution of the logit L∞ per
-    dtype/variant (with the control's), and the top-1 agreement in %."""
+    """Fig. 4: over all generated tokens of all prompts, the distribution of the logit L∞ per series
+    beside its own control, and the top-1 agreement in % with the paper's bfloat16 numbers marked."""
     series = sorted(wide["series"].unique())
-    fig, axes = new_figure(2, 1, width=max(3.6, 1.1 * len(series) + 1.5), height=3.2)
+    # two panels side by side for a few series, stacked for a sweep's many
+    wide_layout = len(series) > 3
+    fig, axes = new_figure(1, 2, width=min(24.0, 0.45 * 2 * len(series) + 3), height=3.4) if wide_layout \
+        else new_figure(2, 1, width=max(3.6, 1.4 * len(series) + 1.5), height=3.2)
+    axes = axes.reshape(1, 2)
     ax = axes[0, 0]
-    data = [np.maximum(wide.loc[wide["series"] == s, "logit_linf"].to_numpy(), 1e-12) for s in series]
-    labels = list(series)
-    if "control_logit_linf" in wide:
-        data.append(wide["control_logit_linf"].dropna().to_numpy())
-        labels.append("control")
-    ax.boxplot(data, whis=(0, 100))
-    ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30, ha="right")
+    data, labels, colors = [], [], []
+    for s in series:
+        rows = wide[wide["series"] == s]
+        data.append(np.maximum(rows["logit_linf"].to_numpy(), 1e-12))
+        labels.append(s)
+        colors.append("tab:blue")
+        if "control_logit_linf" in rows and rows["control_logit_linf"].notna().any():
+            data.append(rows["control_logit_linf"].dropna().to_numpy())
+            labels.append(f"{s}: control")
+            colors.append("0.6")
+    boxes = ax.boxplot(data, whis=(0, 100), patch_artist=True)
+    for patch, color in zip(boxes["boxes"], colors, strict=True):
+        patch.set_facecolor(color)
+        patch.set_alpha(0.5)
+    ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30, ha="right", fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("logit L∞ per token")
-    ax.set_title("logit difference")
+    ax.set_title("logit difference (whiskers: min–max)")
     ax = axes[0, 1]
     pct = [100 * wide.loc[wide["series"] == s, "top1_match"].mean() for s in series]
     counts = [int((wide["series"] == s).sum()) for s in series]
     bars = ax.bar(range(len(series)), pct, color="tab:blue")
     for b, p, c in zip(bars, pct, counts, strict=True):
         ax.annotate(f"{p:.1f}%\n(n={c})", (b.get_x() + b.get_width() / 2, p), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(series)), series, rotation=30, ha="right")
+    for variant, value in PAPER_BF16_MATCH.items():
+        ax.axhline(value, color="tab:red" if variant == "naive" else "tab:green", ls=":", lw=1,
+                   label=f"paper, bfloat16 {variant}: {value}%")
+    ax.legend(loc="lower left", fontsize=6)
+    ax.set_xticks(range(len(series)), series, rotation=30, ha="right", fontsize=7)
     ax.set_ylim(0, 115)
     ax.set_ylabel("top-1 token agreement (%)")
     n_gen = wide.groupby(["series", "run_id", "prompt"]).ngroups // max(len(series), 1)
@@ -302,7 +347,9 @@ def _figure_table1(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
             for j in range(len(cols)):
                 value = grid.to_numpy()[i, j]
                 if not (isinstance(value, float) and math.isnan(value)):
-                    ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=7)
+                    dark = col == "max_rel_linf" and shown[i, j] < np.nanmean(shown)  # viridis is dark low
+                    ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=7,
+                            color="white" if dark else "black")
         ax.set_xticks(range(len(cols)), cols, fontsize=7)
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
         ax.grid(False)
@@ -327,7 +374,8 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
         paths += _figure_summary(text, figures_dir)
     if not image.empty:
         paths += _figure_per_token(image, figures_dir, "fig5_image_context",
-                                   "patched model without context vs model with context (image in the context)")
+                                   "patched model without context vs model with context (image in the context)",
+                                   image_path=Path(figures_dir).parent / CONTEXT_IMAGE)
     if len(table1(metrics)) > 1:
         paths += _figure_table1(metrics, figures_dir)
     return paths
