@@ -105,7 +105,11 @@ def hydra_overrides_for_rank() -> list[str]:
     """Ranks other than 0 write no .hydra/ folder and no log file into the shared run folder."""
     if info().is_main:
         return []
-    return ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    # The console handler stays (conf/config.yaml gives it the project's formatter, which a disabled
+    # job_logging would leave without a class); the log-file handler is kept off the root logger and
+    # opens its file lazily, so it never touches the shared folder.
+    return ["hydra.output_subdir=null", "hydra.job_logging.root.handlers=[console]",
+            "++hydra.job_logging.handlers.file.delay=true", "hydra/hydra_logging=disabled"]
 
 
 def run_on_worker_rank(exp, cfg, run_dir: Path, run_id: str):
