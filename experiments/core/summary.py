@@ -14,7 +14,7 @@ SMOKE_NOTE = ("preset=smoke runs a few steps to check the code, not the science:
               "expected to fail there; use preset=cpu or preset=paper for results")
 
 
-def fmt(x: Any) -> str:
+def fmt(x: Any, digits: int = 3) -> str:
     """A number as compactly as it reads (%.3g): 0.00011920928955078125 -> 0.000119."""
     try:
         value = float(x)
@@ -22,7 +22,19 @@ def fmt(x: Any) -> str:
         return str(x)
     if math.isnan(value):
         return "nan"
-    return f"{value:.3g}"
+    return f"{value:.{digits}g}"
+
+
+def digits_to_resolve(values: list[Any], tolerance: Any) -> int:
+    """Significant digits that show a difference of `tolerance` between numbers of the size of `values`
+    (84.95 within 0.005 of 84.95 must not print as 85 within 0.005 of 85)."""
+    try:
+        size, tol = max(abs(float(v)) for v in values), abs(float(tolerance))
+    except (TypeError, ValueError):
+        return 3
+    if not (math.isfinite(size) and math.isfinite(tol)) or size == 0 or tol == 0:
+        return 3
+    return max(3, min(12, math.ceil(math.log10(size / tol)) + 1))
 
 
 def claim_line(row: dict) -> str:
@@ -33,7 +45,9 @@ def claim_line(row: dict) -> str:
         return f"claim {verdict} {row.get('claim')}: measured {measured} (tolerance {fmt(row.get('tolerance'))})"
     comparison, tolerance = row.get("comparison"), fmt(row.get("tolerance"))
     if comparison == "within":
-        test = f"within {tolerance} of the paper's {fmt(row.get('paper_value'))}"
+        digits = digits_to_resolve([row.get("measured"), row.get("paper_value")], row.get("tolerance"))
+        measured = fmt(row.get("measured"), digits)
+        test = f"within {tolerance} of the paper's {fmt(row.get('paper_value'), digits)}"
     elif comparison == "<=":
         test = f"<= {tolerance} (bound)"
     else:

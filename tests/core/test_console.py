@@ -34,6 +34,9 @@ def test_numbers_are_compact():
          "claim PASS a.b: measured 98.5 >= 87.5 (bar to clear)"),
         (dict(id="a.b", measured=0.47, comparison="within", tolerance=0.05, paper_value=0.4875, passed=True),
          "claim PASS a.b: measured 0.47 within 0.05 of the paper's 0.487"),
+        # digits enough to see the tolerance: Table 2's 84.95M must not read "85 within 0.005 of 85"
+        (dict(id="a.b", measured=84.9503, comparison="within", tolerance=0.005, paper_value=84.95, passed=True),
+         "claim PASS a.b: measured 84.9503 within 0.005 of the paper's 84.95"),
         (dict(claim="old", measured=2.0, tolerance=0.00011920928955078125, passed=False),
          "claim FAIL old: measured 2 (tolerance 0.000119)"),
     ],
