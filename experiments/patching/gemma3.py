@@ -45,7 +45,8 @@ def rms_normalize(norm: nn.Module, x: Tensor) -> Tensor:
 def stable_down_and_scale(layer: nn.Module, cap, dv: Tensor, bufs, cdt):
     """App. B.1 steps 1–3: W_down's rank-1 patch from the RMSNorm inversion, then Δm for the remainder.
     `cap` holds the with-context d_C (post-norm input) and h_gated,C (down_proj input); dv = v_C − v."""
-    from experiments.patching.patcher import LayerPatchStats, add_outer_rounded
+    from experiments.patching.output_rules import LayerPatchStats
+    from experiments.patching.rounded import add_outer_rounded
 
     post, W = layer.post_feedforward_layernorm, layer.mlp.down_proj.weight
     m = 1.0 + post.weight.double()
@@ -57,7 +58,7 @@ def stable_down_and_scale(layer: nn.Module, cap, dv: Tensor, bufs, cdt):
     h_gated = cap.h_gated_c.to(cdt)
     delta = (h_target - d_c).to(cdt)
     out = bufs.out(DOWN, W)  # step 2: ΔW_down = δ h_gated,Cᵀ / ‖h_gated,C‖²
-    add_outer_rounded(bufs.in_compute(W, cdt), delta, h_gated / h_gated.square().sum(), out)
+    add_outer_rounded(W, delta, h_gated / h_gated.square().sum(), out, cdt=cdt)
     # step 3: the remainder, against what the rounded W_down really outputs for h_gated,C
     h_down = nn.functional.linear(cap.h_gated_c, out)
     f_new = rms_normalize(post, h_down).double()

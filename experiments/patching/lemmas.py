@@ -28,13 +28,22 @@ import torch
 from torch import Tensor
 
 
+def _direction(x: Tensor, undefined: str) -> Tensor:
+    sq = x.square().sum()
+    if float(sq) == 0.0:
+        raise ValueError(undefined)
+    return x / sq
+
+
+def input_direction(z: Tensor) -> Tensor:
+    """s = z / ‖z‖², the row factor of every input update (s · z = 1); needs z ≠ 0 (Lemma 6)."""
+    return _direction(z, "z = 0: the rank-1 input patch is undefined (Lemma 6 needs z ≠ 0)")
+
+
 def input_update(W: Tensor, z_c: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
     """Thms 6–7: factors (u, s) of ΔW = W (z_C − z) zᵀ / ‖z‖². W is (..., out, in): batched over
     leading dimensions (an MoE's experts); needs z ≠ 0 (Lemma 6)."""
-    sq = z.square().sum()
-    if float(sq) == 0.0:
-        raise ValueError("z = 0: the rank-1 input patch is undefined (Lemma 6 needs z ≠ 0)")
-    return W @ (z_c - z), z / sq
+    return W @ (z_c - z), input_direction(z)
 
 
 def outer_bias_update(r: Tensor) -> Tensor:
@@ -42,12 +51,14 @@ def outer_bias_update(r: Tensor) -> Tensor:
     return r.clone()
 
 
+def outer_weight_direction(y: Tensor) -> Tensor:
+    """s = y / ‖y‖², the row factor of an outer-weight update (s · y = 1); needs y ≠ 0 (Thm 9)."""
+    return _direction(y, "y = 0: the outer-weight patch is undefined (Thm 9 needs y ≠ 0)")
+
+
 def outer_weight_update(r: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     """Thm 9: factors (u, s) of ΔW′ = r yᵀ / ‖y‖², so ΔW′ y = r. Needs y ≠ 0."""
-    sq = y.square().sum()
-    if float(sq) == 0.0:
-        raise ValueError("y = 0: the outer-weight patch is undefined (Thm 9 needs y ≠ 0)")
-    return r, y / sq
+    return r, outer_weight_direction(y)
 
 
 def divide_or_zero(numerator: Tensor, denominator: Tensor) -> tuple[Tensor, int]:

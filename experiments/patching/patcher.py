@@ -14,202 +14,35 @@ Variants (where layer l's patch is computed):
   output rule with r = v_C − v(x_{l−1}). The patched pass's real input differs from x_{l−1} by rounding
   (and, with absolute positions, by the position embedding): open loop, errors propagate.
 - stable (App. B, Gemma 3 only): as naive, W_down and the post-MLP scale from the RMSNorm inversion.
-- closed_loop: against the hidden state x′ the patched pass actually produced; after the input update
-  (rounded) the layer's own forward on x′ gives T′, and the output rule absorbs r = T(C, x) − T′: the
-  layer is solved for the exact with-context output, so rounding is fed back, not amplified. In exact
-  arithmetic it is the same patch as naive.
+- closed_loop (`closed_loop.py`): against the hidden state x′ the patched pass actually produced, inside
+  the layer's one forward: the input update for its own z′, then the output rule solved for the exact
+  with-context output T(C, x) against what the rounded input update gives. Rounding is fed back, not
+  amplified; in exact arithmetic it is the same patch as naive.
 
 Patch arithmetic is float32 (float64 for float64 models); only W + ΔW is rounded, once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from experiments.patching import lemmas
 from experiments.patching.arch import adapter_for, check_variant
-from experiments.patching.arch.base import CONV1D, EXPERTS, MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE, BlockAdapter
-
-
-class _StopAtMLP(Exception):
-    """Raised by a hook once the MLP input is known: the rest of the layer is not needed."""
-
-
-def _last(t):
-    """The query position of a captured tensor ((1, T, d) or (T, k)), or of each tensor of a tuple."""
-    if isinstance(t, tuple):
-        return tuple(_last(x) for x in t)
-    return t.reshape(-1, t.shape[-1])[-1].detach().clone()
-
-
-def _first(out):
-    return out[0] if isinstance(out, tuple) else out
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-@dataclass
-class LayerCapture:
-    """One decoder layer's values at the query position: `x_in`, `out`, `v` (or `attn`), `z` and the
-    output rule's inputs (`y`, `d`, `h`, `router`), keyed by name."""
-
-    values: dict = field(default_factory=dict)
-
-    x_in = property(lambda self: self.values.get("x_in"))
-    x_out = property(lambda self: self.values.get("out"))
-    v_c = property(lambda self: self.values.get("v"))
-    z_c = property(lambda self: self.values.get("z"))
-    d_c = property(lambda self: self.values.get("d"))
-    h_gated_c = property(lambda self: self.values.get("h"))
-
-
-def _module(layer: nn.Module, path: str) -> nn.Module:
-    return layer.get_submodule(path)
-
-
-def register_captures(adapter: BlockAdapter, layer: nn.Module, values: dict, stop_at_mlp: bool = False) -> list:
-    """Hooks recording the adapter's values into `values` (query position); `stop_at_mlp` aborts the
-    forward once z is known (raises _StopAtMLP)."""
-    handles = []
-
-    def keep_input(name: str, stop: bool = False):
-        def hook(_m, args, kwargs=None):
-            x = args[0] if args else kwargs["hidden_states"]
-            values[name] = _last(x)
-            if stop:
-                raise _StopAtMLP
-
-        return hook
-
-    def keep_output(name: str):
-        def hook(_m, _args, output):
-            values[name] = _last(output)
-
-        return hook
-
-    if adapter.residual_at:
-        handles.append(_module(layer, adapter.residual_at).register_forward_pre_hook(keep_input("v")))
-    else:
-        handles.append(_module(layer, adapter.attention).register_forward_hook(keep_output("attn")))
-    handles.append(_module(layer, adapter.mlp).register_forward_pre_hook(keep_input("z", stop_at_mlp),
-                                                                         with_kwargs=True))
-    for name, (path, where) in adapter.captures.items():
-        m = _module(layer, path)
-        handles.append(m.register_forward_pre_hook(keep_input(name), with_kwargs=True) if where == "input"
-                       else m.register_forward_hook(keep_output(name)))
-    return handles
-
-
-def residual(values: dict) -> Tensor:
-    """v: read before the MLP, or x + A for a parallel block (Thm 12)."""
-    if "v" in values:
-        return values["v"]
-    return values["x_in"] + _first(values["attn"])
-
-
-@contextmanager
-def capture_context(adapter: BlockAdapter, layers: nn.ModuleList) -> Iterator[list[LayerCapture]]:
-    """Record every layer's values at the query position during a with-context forward."""
-    caps = [LayerCapture() for _ in layers]
-    handles = []
-
-    def keep_in(cap):
-        def hook(_m, args, kwargs):
-            cap.values["x_in"] = _last(args[0] if args else kwargs["hidden_states"])
-
-        return hook
-
-    def keep_out(cap):
-        def hook(_m, _args, _kwargs, output):
-            cap.values["out"] = _last(_first(output))
-
-        return hook
-
-    for layer, cap in zip(layers, caps, strict=True):
-        handles += [layer.register_forward_pre_hook(keep_in(cap), with_kwargs=True),
-                    layer.register_forward_hook(keep_out(cap), with_kwargs=True)]
-        handles += register_captures(adapter, layer, cap.values)
-    try:
-        yield caps
-    finally:
-        for h in handles:
-            h.remove()
-
-
-# -- patched tensors ---------------------------------------------------------------------------------
-@dataclass
-class PatchBuffers:
-    """One layer's patched tensors (`tensors`, by parameter name relative to the layer) in the model's
-    dtype; their storage is reused layer after layer and token after token."""
-
-    dtype: torch.dtype
-    tensors: dict[str, Tensor] = field(default_factory=dict)
-    _store: dict[str, Tensor] = field(default_factory=dict)
-    _scratch: dict[tuple, Tensor] = field(default_factory=dict)
-
-    def begin(self) -> None:
-        self.tensors = {}
-
-    def out(self, name: str, like: Tensor) -> Tensor:
-        t = self._store.get(name)
-        if t is None or t.shape != like.shape or t.device != like.device:
-            t = self._store[name] = torch.empty(like.shape, dtype=self.dtype, device=like.device)
-        self.tensors[name] = t
-        return t
-
-    def scratch(self, like: Tensor, dtype: torch.dtype) -> Tensor:
-        key = (tuple(like.shape), dtype, like.device)
-        if key not in self._scratch:
-            self._scratch[key] = torch.empty(like.shape, dtype=dtype, device=like.device)
-        return self._scratch[key]
-
-    def in_compute(self, W: Tensor, cdt: torch.dtype) -> Tensor:
-        """W itself in the compute dtype, or an exact copy in a reused scratch buffer (overwritable)."""
-        return W if W.dtype == cdt else self.scratch(W, cdt).copy_(W)
-
-
-def add_outer_rounded(W: Tensor, u: Tensor, s: Tensor, out: Tensor, layout: str = "linear") -> None:
-    """out = W + ΔW rounded once to out's dtype, ΔW = u sᵀ (linear), its transpose (Conv1D), or
-    u_e sᵀ per expert (u (E, out)). W is in the compute dtype (a scratch copy when that is not the model's)."""
-    if layout == CONV1D:
-        u, s = s, u
-    if layout == EXPERTS:
-        delta = u.unsqueeze(-1) * s
-        if W.dtype == out.dtype:
-            torch.add(W, delta, out=out)
-        else:
-            out.copy_(W.add_(delta))
-    elif W.dtype == out.dtype:
-        torch.addr(W, u, s, out=out)
-    else:
-        out.copy_(W.addr_(u, s))  # one rounding, as when the patched checkpoint is saved in its dtype
-
-
-def input_update_rounded(W: Tensor, layout: str, z_c: Tensor, z: Tensor, bufs: PatchBuffers, name: str,
-                         cdt: torch.dtype) -> None:
-    """Thms 6–7 on one input matrix in its layout, written rounded into bufs[name]."""
-    Wc = bufs.in_compute(W, cdt)
-    if layout == CONV1D:  # effective matrix Wᵀ: u = Wᵀ (z_C − z) = (z_C − z) W
-        u, s = lemmas.input_update(Wc.T, z_c, z)
-    else:  # linear (out, in) or experts (E, out, in): u = W (z_C − z), batched over experts
-        u, s = lemmas.input_update(Wc, z_c, z)
-    add_outer_rounded(Wc, u, s, bufs.out(name, W), layout)
-
-
-@dataclass
-class LayerPatchStats:
-    div_zero: int = 0  # coordinates where a division (Thm 10, App. B) was undefined
-    no_root: int = 0  # 1 when App. B's multiplier equation had no root on (−∞, min m²)
-    dm_linf: float = 0.0  # max |Δ| of the output parameter (Δm, Δb, or ΔW′'s factor r)
-    routing_changed: int = 0  # MoE: 1 when the patched pass picked other experts than the context pass
+from experiments.patching.capture import (
+    LayerCapture,
+    StopAtMLP,
+    capture_context,
+    first_output,
+    last_position,
+    register_captures,
+    residual,
+)
+from experiments.patching.closed_loop import patched_layer_forward
+from experiments.patching.output_rules import LayerPatchStats, apply_output_rule
+from experiments.patching.rounded import PatchBuffers, compute_dtype, input_update_rounded
 
 
 @dataclass
@@ -236,53 +69,6 @@ class PatchedPass:
         return sum(s.routing_changed for s in self.layer_stats)
 
 
-# -- output rules ------------------------------------------------------------------------------------
-def apply_output_rule(adapter: BlockAdapter, layer: nn.Module, r: Tensor, values: dict, bufs: PatchBuffers,
-                      cdt: torch.dtype, patched_inputs: bool = False) -> LayerPatchStats:
-    """Make the outer function's output move by r (Table 1), from the values of the pass the rule reads:
-    the with-context pass (naive: unpatched weights) or the patched pass (`patched_inputs`: the input
-    matrices as patched in `bufs`)."""
-    stats = LayerPatchStats()
-    P = layer.get_parameter(adapter.output_param)
-    out = bufs.out(adapter.output_param, P)
-    if adapter.output_rule == OUTER_BIAS:  # Thm 8
-        db = lemmas.outer_bias_update(r)
-        out.copy_(P.to(cdt) + db)
-        stats.dm_linf = float(db.abs().max())
-    elif adapter.output_rule == OUTER_WEIGHT:  # Thm 9
-        u, s = lemmas.outer_weight_update(r, values["y"].to(cdt))
-        add_outer_rounded(bufs.in_compute(P, cdt), u, s, out)
-        stats.dm_linf = float(r.abs().max())
-    elif adapter.output_rule == SCALE:  # Thm 10: Gemma's post-MLP RMSNorm, h = d / RMS(d) in float32
-        h = _module(layer, adapter.output_param.rsplit(".", 1)[0])._norm(values["d"].float()).to(cdt)
-        dm, stats.div_zero = lemmas.scale_update(r, h)
-        out.copy_(P.to(cdt) + dm)
-        stats.dm_linf = float(dm.abs().max())
-    elif adapter.output_rule == MOE:  # Thm 11
-        _moe_rule(layer, r, values, bufs, P, out, cdt, patched_inputs)
-        stats.dm_linf = float(r.abs().max())
-    else:
-        raise ValueError(f"unknown output rule {adapter.output_rule!r}")
-    return stats
-
-
-def _moe_rule(layer, r, values, bufs, P, out, cdt, patched_inputs) -> None:
-    """Each active expert's W_down,j gets ΔW′_j y_j = r / S, y_j its own input for z (the expert's
-    gate_up as that pass used it: patched when the values come from the patched pass)."""
-    experts = layer.mlp.experts
-    _logits, gates, index = values["router"]
-    gate_up = bufs.tensors["mlp.experts.gate_up_proj"] if patched_inputs else experts.gate_up_proj
-    z = values["z"]
-    ys = []
-    for j in index.tolist():  # as MixtralExperts.forward computes an expert's hidden state
-        g, u = nn.functional.linear(z, gate_up[j]).chunk(2, dim=-1)
-        ys.append((experts.act_fn(g) * u).to(cdt))
-    W = bufs.scratch(P, cdt).copy_(P)  # a copy in the compute dtype: the model's weights stay untouched
-    for j, (u, s) in zip(index.tolist(), lemmas.moe_updates(r, gates.to(cdt), torch.stack(ys)), strict=True):
-        W[j].addr_(u, s)
-    out.copy_(W)
-
-
 # -- the patcher -------------------------------------------------------------------------------------
 class Patcher:
     """Per-token patches for any supported transformers causal LM (see `arch/`)."""
@@ -301,9 +87,6 @@ class Patcher:
         names = {id(m): n for n, m in model.named_modules()}
         self.layer_names = [names[id(layer)] for layer in self.layers]
         self._inside = False
-        # closed_loop: solve the output rule against the layer's own forward with the rounded input update
-        # (exact for this layer); False: r = v_C − v(x′) as Algorithm 1, each layer's rounding left to the next
-        self.solve_output = True
 
     # -- the with-context side ----------------------------------------------------------------------
     @torch.no_grad()
@@ -356,7 +139,7 @@ class Patcher:
 
     def _run(self, layer, args, kwargs, hidden, params, stop_at_mlp=False) -> tuple[dict, object]:
         """The layer's own forward on `hidden` with `params` substituted, recording the adapter's values."""
-        values = {"x_in": _last(hidden)}
+        values = {"x_in": last_position(hidden)}
         if args:
             args = (hidden, *args[1:])
         else:
@@ -365,8 +148,8 @@ class Patcher:
         output = None
         try:
             output = functional_call(layer, params, args, kwargs)
-            values["out"] = _last(_first(output))
-        except _StopAtMLP:
+            values["out"] = last_position(first_output(output))
+        except StopAtMLP:
             pass
         finally:
             for h in handles:
@@ -375,11 +158,14 @@ class Patcher:
 
     def _patch_and_run(self, index, layer, cap, args, kwargs, result, keep):
         hidden = args[0] if args else kwargs["hidden_states"]
-        stats = self.patch_layer(layer, cap, hidden, args, kwargs)
+        if self.variant == "closed_loop":  # patched inside the layer's one forward
+            values, output, stats = patched_layer_forward(self.adapter, layer, cap, args, kwargs, self.bufs, self.cdt)
+        else:
+            stats = self.patch_layer(layer, cap, hidden, args, kwargs)
+            values, output = self._run(layer, args, kwargs, hidden, self.bufs.tensors)
         result.layer_stats.append(stats)
         if keep is not None:
             keep.update({f"{self.layer_names[index]}.{k}": t.clone() for k, t in self.bufs.tensors.items()})
-        values, output = self._run(layer, args, kwargs, hidden, self.bufs.tensors)
         if "router" in values and "router" in cap.values:  # MoE: did the same experts fire?
             stats.routing_changed = int(set(values["router"][2].tolist()) != set(cap.values["router"][2].tolist()))
         target = cap.x_out.double()
@@ -389,19 +175,18 @@ class Patcher:
         return output
 
     def patch_layer(self, layer: nn.Module, cap: LayerCapture, hidden: Tensor, args=(), kwargs=None) -> LayerPatchStats:
-        """Fill self.bufs with this layer's patched tensors for the patched pass's input `hidden`."""
+        """Open loop (naive, stable): fill self.bufs with this layer's patched tensors, computed against the
+        with-context pass's input to the layer (the target), whatever the patched pass's `hidden` is."""
+        if self.variant == "closed_loop":
+            raise ValueError("closed_loop patches inside the layer's forward (closed_loop.patched_layer_forward)")
         A, cdt, bufs = self.adapter, self.cdt, self.bufs
         kwargs = kwargs or {}
-        x_ref = hidden if self.variant == "closed_loop" else cap.x_in.to(hidden.dtype).view_as(hidden)
+        x_ref = cap.x_in.to(hidden.dtype).view_as(hidden)
         bufs.begin()
         alone, _ = self._run(layer, args, kwargs, x_ref, {}, stop_at_mlp=True)  # v and z without context
-        z_c, z = cap.z_c.to(cdt), alone["z"].to(cdt)
         for name, layout in A.input_matrices.items():  # Thms 6–7 (+ the router, Thm 11)
-            input_update_rounded(layer.get_parameter(name), layout, z_c, z, bufs, name, cdt)
-        if self.variant == "closed_loop" and self.solve_output:
-            mid, _ = self._run(layer, args, kwargs, x_ref, bufs.tensors)  # T′ with the rounded input update
-            r = cap.x_out.to(cdt) - mid["out"].to(cdt)
-            return apply_output_rule(A, layer, r, mid, bufs, cdt, patched_inputs=True)
+            W = layer.get_parameter(name)
+            input_update_rounded(W, layout, cap.z_c, alone["z"], bufs.out(name, W), cdt)
         r = residual(cap.values).to(cdt) - residual(alone).to(cdt)  # v_C − v (Thm 12: A_C − A)
         if self.variant == "stable":
             from experiments.patching.gemma3 import stable_down_and_scale

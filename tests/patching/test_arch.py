@@ -4,6 +4,7 @@ the unpatched no-context control beside it; and the errors a user sees."""
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -68,6 +69,29 @@ def test_naive_on_gpt2_misses_because_the_token_alone_sits_at_position_0():
     loop patches for the input it really gets (test above); the open loop is measured off."""
     steps = _steps("tiny-gpt2", torch.float64, "naive", 4)
     assert max(st.patched.hidden_rel[0] for st in steps) > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", TINY_ARCHITECTURES)
+def test_closed_loop_pass_is_the_stock_forward_of_the_patched_weights(name, dtype):
+    """The closed loop writes each layer's tensors from hooks inside that layer's forward; the pass must
+    still be exactly the forward of a model holding those weights: the stock model with them loaded,
+    fed the query alone, gives the same logits bit for bit. The unpatched model (control) does not."""
+    b = _bundle(name, dtype)
+    patcher = Patcher(b.model, "closed_loop")
+    ids = encode_prompt(b, PROMPT)["input_ids"]
+    cache = patcher.prefill({"input_ids": ids[:, :-1]})
+    _, caps, _ = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
+    keep: dict = {}
+    result = patcher.patched_pass(ids[:, -1:], caps, keep=keep)
+    model = copy.deepcopy(b.model)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for k, t in keep.items():
+            params[k].copy_(t)
+        stock = model(input_ids=ids[:, -1:], use_cache=False).logits[0, -1].float()
+    assert torch.equal(stock, result.logits)
+    assert not torch.equal(patcher.control_logits(ids[:, -1:]), result.logits)
 
 
 def test_patched_tensors_are_the_adapters_parameters_in_the_model_dtype():

@@ -1,0 +1,104 @@
+"""closed_loop: each layer's patch computed inside the patched pass's own forward of that layer.
+
+The layer runs once, its own forward with its patched tensors (`functional_call`), and two hooks fill
+those tensors just before the module that reads them runs:
+1. the MLP's pre-hook sees z′, the MLP input the patched pass really produced: every input matrix gets
+   the input update for z′ (Thms 6–7, the router of an MoE included), so the MLP sees z_C;
+2. the pre-hook of the module that owns the output parameter (Gemma's post-MLP norm, W_down, c_proj or
+   fc_out, an MoE's experts) sees that module's input (d′, y′, the routing): with the original parameter
+   the layer would output T′ = v′ + g(·), where v′ is the residual this pass produced; the output rule
+   makes g move by r = T(C, x) − T′ (Thms 8–11), so the layer outputs the with-context T(C, x).
+The adapter contract this relies on: the owner's output is what the block adds to v.
+
+Every patched tensor is written before the module that reads it runs and is never changed afterwards,
+so the pass is exactly the forward of the model with those weights: run again with them, stock, it gives
+the same bits (tested). Rounding is fed back, not amplified: layer l + 1 is patched for the hidden state
+layer l really produced. In exact arithmetic this is Algorithm 1's patch.
+
+Cost per layer: one forward, plus one pass over each patched matrix (`rounded.add_rank1_by_rows`);
+W_down's solve (Llama) reads each row block once for T′ and the update together.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from experiments.patching import lemmas
+from experiments.patching.arch.base import MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE, BlockAdapter
+from experiments.patching.capture import LayerCapture, first_output, last_position, register_captures, residual
+from experiments.patching.output_rules import LayerPatchStats, moe_down_rounded, owner, scale_input
+from experiments.patching.rounded import PatchBuffers, add_rank1_by_rows, input_update_rounded, row_dots
+
+
+def _input(args: tuple, kwargs: dict) -> Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCapture, args: tuple, kwargs: dict,
+                          bufs: PatchBuffers, cdt: torch.dtype) -> tuple[dict, object, LayerPatchStats]:
+    """The layer's forward on its input (`args`/`kwargs` as the model passed them), patched in the pass
+    for the with-context values `cap`: (the values it read, its output, the patch's stats)."""
+    originals = {name: layer.get_parameter(name) for name in (*adapter.input_matrices, adapter.output_param)}
+    bufs.begin()
+    for name, W in originals.items():
+        bufs.out(name, W)
+    values = {"x_in": last_position(_input(args, kwargs))}
+    stats = LayerPatchStats()
+    done: list[str] = []
+
+    def patch_inputs(_module, a, kw):
+        z = last_position(_input(a, kw))
+        for name in adapter.input_matrices:
+            input_update_rounded(originals[name], adapter.input_matrices[name], cap.z_c, z, bufs.tensors[name], cdt)
+        done.append("inputs")
+
+    def patch_output(module, a, kw):
+        target_minus_v = cap.x_out.to(cdt) - residual(values).to(cdt)
+        P = originals[adapter.output_param]
+        solve_output_rule(adapter.output_rule, module, P, bufs.tensors[adapter.output_param], a, kw,
+                          target_minus_v, cdt, stats)
+        done.append("output")
+
+    handles = register_captures(adapter, layer, values)
+    handles.append(layer.get_submodule(adapter.mlp).register_forward_pre_hook(patch_inputs, with_kwargs=True))
+    handles.append(owner(adapter, layer).register_forward_pre_hook(patch_output, with_kwargs=True))
+    try:
+        output = functional_call(layer, bufs.tensors, args, kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    if done != ["inputs", "output"]:  # a tensor the forward read was never written: its result is garbage
+        raise RuntimeError(f"{adapter.family}: the in-pass patch ran {done}, expected the input update "
+                           "then the output rule; the adapter does not match this block")
+    values["out"] = last_position(first_output(output))
+    return values, output, stats
+
+
+def solve_output_rule(rule: str, module: nn.Module, P: Tensor, out: Tensor, args: tuple, kwargs: dict,
+                      target_minus_v: Tensor, cdt: torch.dtype, stats: LayerPatchStats) -> None:
+    """Write into `out` (the tensor `module` reads in place of P) the parameter that makes the layer output
+    v′ + g = T(C, x), from the module's input in this pass. `target_minus_v` = T(C, x) − v′."""
+    if rule == OUTER_WEIGHT:  # Thm 9, row by row: r_i = (T − v′)_i − W_i · y′ − b_i, then W_i += r_i y′ᵀ/‖y′‖²
+        y = last_position(_input(args, kwargs)).to(cdt)
+        t = target_minus_v if module.bias is None else target_minus_v - module.bias.to(cdt)
+        r = add_rank1_by_rows(P, lambda w, rows: t[rows] - row_dots(w, y), lemmas.outer_weight_direction(y), out, cdt)
+        stats.dm_linf = float(r.abs().max())
+        return
+    out.copy_(P)  # the module's output with its original parameter: the layer would output T′ = v′ + g
+    g = last_position(first_output(module.forward(*args, **kwargs))).to(cdt)  # .forward: no hooks
+    r = target_minus_v - g
+    if rule == OUTER_BIAS:  # Thm 8
+        out.copy_(P.to(cdt) + lemmas.outer_bias_update(r))
+        stats.dm_linf = float(r.abs().max())
+    elif rule == SCALE:  # Thm 10: Δm = r ⊘ h′, h′ = d′ / RMS(d′)
+        dm, stats.div_zero = lemmas.scale_update(r, scale_input(module, last_position(args[0]), cdt))
+        out.copy_(P.to(cdt) + dm)
+        stats.dm_linf = float(dm.abs().max())
+    elif rule == MOE:  # Thm 11, for the experts the patched router picked, with their patched gate/up
+        hidden, index, gates = args[:3]
+        moe_down_rounded(module, P, out, module.gate_up_proj, last_position(hidden), index[-1], gates[-1], r, cdt)
+        stats.dm_linf = float(r.abs().max())
+    else:
+        raise ValueError(f"unknown output rule {rule!r}")
