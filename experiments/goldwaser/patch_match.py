@@ -122,9 +122,10 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
     stop_ids = stop_token_ids(bundle) if cfg.stop_at_eos else set()
     index = dict(model=str(cfg.model), family=patcher.adapter.family, dtype=dtype_name(ctx.dtype),
                  variant=cfg.variant, device=ctx.device.type, context="image" if image is not None else "text")
+    encoded = [encode_prompt(bundle, text, image, bool(cfg.chat_template), ctx.device) for text in prompts]
+    check_context_length(bundle.model.config, [e["input_ids"].shape[1] for e in encoded], int(cfg.max_new_tokens))
     with progress(len(prompts) * int(cfg.max_new_tokens), ctx.experiment) as bar:
-        for p, text in enumerate(prompts):
-            inputs = encode_prompt(bundle, text, image, bool(cfg.chat_template), ctx.device)
+        for p, inputs in enumerate(encoded):
             steps = 0
             for st in compare_generation(patcher, inputs, int(cfg.max_new_tokens), choose, stop_ids,
                                          bool(cfg.control)):
@@ -132,6 +133,19 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
                 steps += 1
                 bar.advance(1, info=f"prompt {p}: top-1 {'=' if st.token_id == st.patched_token_id else '≠'}")
             bar.advance(int(cfg.max_new_tokens) - steps)  # a reply that stopped early
+
+
+def check_context_length(config, prompt_lengths: list[int], max_new_tokens: int) -> None:
+    """One line, before any generation, when a prompt plus its reply would run past the model's
+    positions (a learned position table, as GPT-2's, has no row for them)."""
+    text = config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    if not limit:
+        return
+    for p, n in enumerate(prompt_lengths):
+        if n + max_new_tokens > limit:
+            raise UserError(f"prompt {p} is {n} tokens and max_new_tokens={max_new_tokens}: {n + max_new_tokens} "
+                            f"positions, the model has {limit}; use a shorter prompt or fewer new tokens")
 
 
 def token_text(tokenizer, token_id: int) -> str:

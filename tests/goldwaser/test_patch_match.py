@@ -60,3 +60,15 @@ def test_claims_fail_on_a_wrong_input(tmp_path):
     bad = RunContext(run_dir=tmp_path, experiment="patch_match", run_id="r", device=torch.device("cpu"))
     check_claims(bad, _metrics(5.0, 0.0), torch.float32, "closed_loop", True, "tiny-llama")
     assert not bad.claims()["passed"].any()
+
+
+def test_a_prompt_longer_than_the_models_positions_is_one_line_before_generation():
+    from transformers import GPT2Config
+
+    from experiments.core.errors import UserError
+    from experiments.goldwaser.patch_match import check_context_length
+
+    config = GPT2Config(n_positions=16)
+    check_context_length(config, [5, 8], 8)  # 16 positions: fits exactly
+    with pytest.raises(UserError, match=r"prompt 1 is 9 tokens and max_new_tokens=8: 17 positions, the model has 16"):
+        check_context_length(config, [5, 9], 8)
