@@ -50,7 +50,7 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
 
     def patch_inputs(_module, a, kw):
         z = last_position(_input(a, kw))
-        for name in adapter.input_matrices:
+        for name in reversed(adapter.input_matrices):  # the one the MLP reads first is written last (in cache)
             input_update_rounded(originals[name], adapter.input_matrices[name], cap.z_c, z, bufs.tensors[name], cdt)
         done.append("inputs")
 

@@ -63,7 +63,9 @@ def add_rank1_by_rows(W: Tensor, coef: Coefficients, vec: Tensor, out: Tensor, c
     O2 = out.view(-1, out.shape[-1])
     vec = vec.to(cdt)
     c_all = torch.empty(W2.shape[0], dtype=cdt, device=W.device)
-    for rows in _row_blocks(W2.shape[0], W2.shape[1] * vec.element_size(), W.device):
+    # last rows first: the first rows, which the forward reading `out` starts with, are then still in the
+    # last-level cache (measured: 3 % of a patched Llama 3.2 1B pass on 2 cores)
+    for rows in reversed(_row_blocks(W2.shape[0], W2.shape[1] * vec.element_size(), W.device)):
         w = W2[rows]
         w = w if w.dtype == cdt else w.to(cdt)
         c = coef(w, rows) if callable(coef) else coef[rows].to(cdt)
