@@ -85,7 +85,7 @@ def input_update_rounded(W: Tensor, layout: str, z_c: Tensor, z: Tensor, out: Te
     s = lemmas.input_direction(z)
     if layout == CONV1D:  # W (in, out) holds the effective matrix's transpose: ΔW = s uᵀ on the storage
         u, _ = lemmas.input_update(W.to(cdt).T, z_c, z)
-        add_rank1_by_rows(W, s, u, out, cdt)
+        add_outer_rounded(W, u, s, out, CONV1D, cdt)
         return u
     # linear (out, in), or experts (E, out, in) as (E·out, in): u_i = W_i · (z_C − z), row by row (Thm 7's u)
     dz = z_c - z
