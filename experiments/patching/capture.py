@@ -22,6 +22,8 @@ def last_position(t):
     """The query position of a captured tensor ((1, T, d) or (T, k)), or of each tensor of a tuple."""
     if isinstance(t, tuple):
         return tuple(last_position(x) for x in t)
+    if t is None:  # e.g. attention weights that were not asked for (GPT-J's attention returns (A, None))
+        return None
     return t.reshape(-1, t.shape[-1])[-1].detach().clone()
 
 
