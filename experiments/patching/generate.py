@@ -7,6 +7,9 @@ model, the query token alone through the model's own forward with every layer pa
 fed forward: the recorded activations only define the patches, and the per-layer distance between the
 patched pass's hidden states and the with-context ones is reported (`hidden_linf`).
 
+`patched_generate` is the other direction: the patched model picks every token (and so the next
+query); the with-context pass runs only as far as the per-layer targets, without its LM head.
+
 Only one layer's patched tensors exist at a time (`PatchBuffers`), so memory stays that of plain
 generation plus a few matrices.
 """
@@ -79,16 +82,21 @@ def _ms(t0: float) -> float:
     return 1000.0 * (time.perf_counter() - t0)
 
 
+def _prefill_context(patcher: Patcher, inputs: dict) -> tuple[object, Tensor]:
+    """The with-context cache of every prompt token but the last, and that last token: the first query."""
+    ids = inputs["input_ids"]
+    prefix = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
+              for k, v in inputs.items()}
+    return (patcher.prefill(prefix) if ids.shape[1] > 1 else None), ids[:, -1:]
+
+
 def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
                        choose: Callable[[Tensor, Tensor], tuple[int, int]] = greedy,
                        stop_ids: set[int] | None = None, control: bool = True) -> Iterator[Step]:
     """§4.1: generate with the context; at every step patch for the whole prefix, compare, and go on
     with the baseline's token (also after a top-1 mismatch)."""
     ids = inputs["input_ids"]
-    prefix = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
-              for k, v in inputs.items()}
-    cache = patcher.prefill(prefix) if ids.shape[1] > 1 else None
-    query = ids[:, -1:]
+    cache, query = _prefill_context(patcher, inputs)
     for step in range(max_new_tokens):
         t0 = time.perf_counter()
         context, caps, cache = patcher.context_step({"input_ids": query}, cache)
@@ -101,6 +109,42 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
         control_ms = _ms(t0) if control else 0.0
         token, patched_token = choose(context, patched.logits)
         yield Step(step, token, patched_token, context, patched, ctrl, baseline_ms, patch_ms, control_ms)
+        if stop_ids and token in stop_ids:
+            break
+        query = torch.tensor([[token]], device=ids.device)
+
+
+@dataclass
+class GeneratedToken:
+    """One token of patched generation, chosen by the patched model."""
+
+    step: int
+    token_id: int
+    context_ms: float  # the with-context decoder body, KV-cached: the targets only
+    patch_ms: float  # the patches and the patched forward
+
+    @property
+    def ms(self) -> float:
+        return self.context_ms + self.patch_ms
+
+
+def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
+                     choose: Callable[[Tensor], int] = lambda logits: int(logits.argmax()),
+                     stop_ids: set[int] | None = None) -> Iterator[GeneratedToken]:
+    """Generation by the patched model alone: each token is the patched model's choice, and the query of
+    the next step. The with-context pass runs only to give the per-layer targets and to extend its cache
+    with that token, so it stops before the LM head (its logits are not needed). Greedy, this emits the
+    tokens of the model's own greedy generation with the context wherever the patch is exact."""
+    ids = inputs["input_ids"]
+    cache, query = _prefill_context(patcher, inputs)
+    for step in range(max_new_tokens):
+        t0 = time.perf_counter()
+        _, caps, cache = patcher.context_step({"input_ids": query}, cache, logits=False)
+        context_ms = _ms(t0)
+        t0 = time.perf_counter()
+        token = choose(patcher.patched_pass(query, caps).logits)
+        patch_ms = _ms(t0)
+        yield GeneratedToken(step, token, context_ms, patch_ms)
         if stop_ids and token in stop_ids:
             break
         query = torch.tensor([[token]], device=ids.device)

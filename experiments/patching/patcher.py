@@ -24,6 +24,7 @@ Patch arithmetic is float32 (float64 for float64 models); only W + ΔW is rounde
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -69,6 +70,12 @@ class PatchedPass:
         return sum(s.routing_changed for s in self.layer_stats)
 
 
+def _cache_name(module: nn.Module) -> str:
+    """The KV cache's argument and output name: transformers 5.24 renamed `past_key_values` to `cache`
+    (the old name warns, and goes in 5.40); earlier versions know only `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 # -- the patcher -------------------------------------------------------------------------------------
 class Patcher:
     """Per-token patches for any supported transformers causal LM (see `arch/`)."""
@@ -91,14 +98,20 @@ class Patcher:
     # -- the with-context side ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, inputs: dict):
-        return self.model(**inputs, use_cache=True, logits_to_keep=1).past_key_values
+        return getattr(self.model(**inputs, use_cache=True, logits_to_keep=1), _cache_name(self.model))
 
     @torch.no_grad()
-    def context_step(self, inputs: dict, cache) -> tuple[Tensor, list[LayerCapture], object]:
-        """The with-context forward of the newest token(s) on top of `cache`: (logits, captures, cache)."""
+    def context_step(self, inputs: dict, cache, logits: bool = True) -> tuple[Tensor | None, list[LayerCapture], object]:
+        """The with-context forward of the newest token(s) on top of `cache`: (logits, captures, cache).
+        `logits=False` runs the decoder body alone (no final norm's logits, no LM head: None), for when
+        only the per-layer targets are needed; the captures are the same bits."""
         with capture_context(self.adapter, self.layers) as caps:
-            out = self.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float(), caps, out.past_key_values
+            if not logits:
+                name = _cache_name(self.lm)
+                return None, caps, getattr(self.lm(**inputs, **{name: cache}, use_cache=True), name)
+            name = _cache_name(self.model)
+            out = self.model(**inputs, **{name: cache}, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float(), caps, getattr(out, name)
 
     @torch.no_grad()
     def control_logits(self, query: Tensor) -> Tensor:

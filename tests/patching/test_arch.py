@@ -14,7 +14,7 @@ from experiments.core.errors import UserError
 from experiments.goldwaser.gemma_models import encode_prompt
 from experiments.goldwaser.patch_models import TINY_ARCHITECTURES, load_model
 from experiments.patching.arch import adapter_for, check_variant
-from experiments.patching.generate import compare_generation, logit_comparison
+from experiments.patching.generate import compare_generation, logit_comparison, patched_generate
 from experiments.patching.patcher import Patcher
 
 PROMPT = "Write a haiku about the first snow of winter."
@@ -92,6 +92,37 @@ def test_closed_loop_pass_is_the_stock_forward_of_the_patched_weights(name, dtyp
         stock = model(input_ids=ids[:, -1:], use_cache=False).logits[0, -1].float()
     assert torch.equal(stock, result.logits)
     assert not torch.equal(patcher.control_logits(ids[:, -1:]), result.logits)
+
+
+@pytest.mark.parametrize("name", TINY_ARCHITECTURES)
+def test_context_targets_from_the_decoder_body_are_the_full_models_bits(name):
+    """patched_generate's with-context step skips the LM head: every recorded value must be unchanged."""
+    b = _bundle(name, torch.float32)
+    patcher = Patcher(b.model, "closed_loop")
+    ids = encode_prompt(b, PROMPT)["input_ids"]
+    full, body = ([c.values for c in patcher.context_step({"input_ids": ids}, None, logits=flag)[1]]
+                  for flag in (True, False))
+    assert [sorted(v) for v in full] == [sorted(v) for v in body]
+    flat = lambda t: t if isinstance(t, tuple) else (t,)  # noqa: E731
+    for f, g in zip(full, body, strict=True):
+        for key, t in f.items():
+            assert all(x is y is None or torch.equal(x, y) for x, y in zip(flat(t), flat(g[key]), strict=True)), key
+
+
+@pytest.mark.parametrize("name", TINY_ARCHITECTURES)
+def test_patched_generation_without_the_context_emits_the_stock_with_context_tokens(name):
+    """The paper's headline, end to end in float32: the patched model, fed only its own tokens, generates
+    what stock `generate` generates with the context; the unpatched model without it (control) does not."""
+    b = _bundle(name, torch.float32)
+    inputs = encode_prompt(b, PROMPT)
+    n = 8
+    patched = [t.token_id for t in patched_generate(Patcher(b.model, "closed_loop"), inputs, n)]
+    with torch.no_grad():
+        stock = b.model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        alone = b.model.generate(input_ids=inputs["input_ids"][:, -1:], max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=0)
+    assert patched == stock[0, -n:].tolist()
+    assert alone[0, -n:].tolist() != patched
 
 
 def test_patched_tensors_are_the_adapters_parameters_in_the_model_dtype():
