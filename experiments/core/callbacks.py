@@ -18,10 +18,13 @@ class CombineMultirun(Callback):
     normally so that every job runs; see cli/hydra_app.py)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from experiments.core.distributed import is_main_process
         from experiments.core.errors import UserError
         from experiments.core.figures import completed_jobs, render_multirun
         from experiments.core.summary import sweep_summary
 
+        if not is_main_process():  # under torchrun every rank runs the sweep; rank 0 alone combines and reports
+            return
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return

@@ -116,3 +116,36 @@ def test_combining_a_sweep_uses_only_its_completed_jobs(tmp_path, caplog):
         registry.get = orig
     assert seen == [["0"]]
     assert "job 1" in caplog.text and "failed" in caplog.text
+
+
+def test_under_torchrun_only_rank0_combines_and_reports_the_sweep(tmp_path, monkeypatch, capsys):
+    """Every torchrun rank runs the whole sweep and its end callback: ranks > 0 must not draw, write
+    claims or print the summary (rank 0 does; its exit status carries the failed job)."""
+    from omegaconf import OmegaConf
+
+    import experiments.core.registry as registry
+    from experiments.core.callbacks import CombineMultirun
+
+    for job, status in (("0", "complete"), ("1", "failed")):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "run.json").write_text(json.dumps({"experiment": "cov_rate", "status": status,
+                                                             "error": "boom", "overrides": [f"seed={job}"]}))
+        pd.DataFrame({"experiment": ["cov_rate"], "run_id": [job], "metric": ["x"], "value": [1.0]}).to_csv(
+            tmp_path / job / "metrics.csv", index=False)
+    drawn = []
+
+    class _Exp:
+        def plot(self, metrics, figures_dir):
+            drawn.append(os.environ.get("RANK"))
+            return []
+
+    monkeypatch.setattr(registry, "get", lambda name: _Exp())
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    CombineMultirun().on_multirun_end(config)  # returns: no summary, no exit status of its own
+    assert drawn == [] and capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as exit_:
+        CombineMultirun().on_multirun_end(config)
+    assert exit_.value.code == 1 and drawn == ["0"] and "job 1" in capsys.readouterr().err
