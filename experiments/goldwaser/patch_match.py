@@ -208,6 +208,9 @@ def check_claims(ctx: RunContext, m: pd.DataFrame, dtype, variant: str, control:
 
 
 # -- figures -------------------------------------------------------------------------------------
+MAX_SERIES_AS_LINES = 4  # Fig. 3 as the paper draws it (two line plots per series) up to this many series
+
+
 def _series(m: pd.DataFrame) -> pd.Series:
     label = m["dtype"].astype(str) + " " + m["variant"].astype(str)
     if "model" in m and m["model"].nunique() > 1:
@@ -282,6 +285,44 @@ def _figure_per_token(wide: pd.DataFrame, figures_dir: Path, name: str, title: s
         inset.imshow(mpimg.imread(image_path))
         inset.set_title("context image", fontsize=6)
         inset.axis("off")
+    return save_figure(fig, figures_dir, name)
+
+
+def _figure_per_token_grid(wide: pd.DataFrame, figures_dir: Path, name: str, title: str) -> list[Path]:
+    """Fig. 3 for a sweep's many series: one heatmap row per series (its first prompt and run), one
+    column per generated token, colour log10 of the logit L∞ (top) and of the TVD (below), a red X
+    where the top-1 tokens differ; each row's label carries its control's median logit L∞. Two panels
+    of a few inches instead of two plots per series (a 20-job sweep drew a 70-inch-tall figure)."""
+    first = wide[wide["prompt"] == wide["prompt"].min()]
+    series = sorted(first["series"].unique())
+    n_tok = int(first.groupby(["series", "run_id"]).size().max())
+    grids = {col: np.full((len(series), n_tok), np.nan) for col in ("logit_linf", "tvd")}
+    bad = np.zeros((len(series), n_tok), dtype=bool)
+    labels = []
+    for i, s in enumerate(series):
+        rows = first[first["series"] == s]
+        rows = rows[rows["run_id"] == rows["run_id"].iloc[0]]
+        steps = rows["step"].to_numpy().astype(int)
+        for col, grid in grids.items():
+            grid[i, steps] = np.log10(np.maximum(rows[col].to_numpy(), 1e-12))
+        bad[i, steps] = rows["top1_match"].to_numpy() < 0.5
+        control = rows["control_logit_linf"].median() if "control_logit_linf" in rows else float("nan")
+        labels.append(s if math.isnan(control) else f"{s} (control {control:.2g})")
+    fig, axes = new_figure(1, 2, width=max(6.0, 0.12 * n_tok + 3.5), height=0.14 * len(series) + 0.9)
+    for ax, (col, label) in zip(axes[:, 0], (("logit_linf", "log10 logit L∞"), ("tvd", "log10 TVD")), strict=True):
+        im = ax.imshow(grids[col], aspect="auto", cmap="viridis", interpolation="nearest")
+        ys, xs = np.nonzero(bad)
+        ax.plot(xs, ys, "x", color="red", ms=4, mew=1.2, label="top-1 differs")
+        ax.set_yticks(range(len(series)), labels, fontsize=6)
+        ax.grid(False)
+        fig.colorbar(im, ax=ax, fraction=0.03).set_label(label, fontsize=7)
+        if xs.size:
+            ax.legend(loc="upper right", fontsize=6)
+    axes[-1, 0].set_xlabel("generated token")
+    n_prompts = int(wide["prompt"].nunique())
+    shown = "the only prompt" if n_prompts == 1 else f"prompt 0 of {n_prompts} (all {n_prompts} in Fig. 4)"
+    fig.suptitle(f"{title}; {shown}; row label: the control's (unpatched, no context) median logit L∞",
+                 fontsize=8)
     return save_figure(fig, figures_dir, name)
 
 
@@ -383,8 +424,9 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     paths = []
     text, image = wide[wide["context"] == "text"], wide[wide["context"] == "image"]
     if not text.empty:
-        paths += _figure_per_token(text, figures_dir, "fig3_per_token",
-                                   "patched model without context vs model with context (text prompt)")
+        draw = _figure_per_token if text["series"].nunique() <= MAX_SERIES_AS_LINES else _figure_per_token_grid
+        paths += draw(text, figures_dir, "fig3_per_token",
+                      "patched model without context vs model with context (text prompt)")
         paths += _figure_summary(text, figures_dir)
     if not image.empty:
         paths += _figure_per_token(image, figures_dir, "fig5_image_context",

@@ -70,6 +70,25 @@ def test_plot_combines_dtypes_and_variants(tmp_path):
                                        "fig4_summary.pdf", "table1_architectures.png", "table1_architectures.pdf"}
 
 
+def test_a_sweeps_many_series_draw_fig3_as_one_compact_grid(tmp_path):
+    """The Table 1 sweep's 20 series: Fig. 3 as heatmap rows, not 40 stacked plots (once 1.9 MB, 70 in tall)."""
+    import matplotlib.image as mpimg
+
+    rows = []
+    for run, (model, dtype, variant) in enumerate((m, d, v) for m in ("a", "b", "c", "d", "e")
+                                                   for d in ("float32", "bfloat16") for v in ("naive", "closed_loop")):
+        for step in range(24):
+            idx = dict(experiment="patch_match", run_id=f"r{run}", prompt=0, step=step, token=f"t{step}",
+                       dtype=dtype, variant=variant, device="cpu", context="text", model=model)
+            rows += [dict(idx, metric="logit_linf", value=1e-6 * (run + 1)), dict(idx, metric="tvd", value=1e-7),
+                     dict(idx, metric="top1_match", value=float(step != 3 or run % 2 == 0)),
+                     dict(idx, metric="control_logit_linf", value=5.0), dict(idx, metric="control_tvd", value=0.5)]
+    plot(pd.DataFrame(rows), tmp_path)
+    png = tmp_path / "fig3_per_token.png"
+    height_px = mpimg.imread(png).shape[0]
+    assert height_px < 1500 and png.stat().st_size < 400_000, (height_px, png.stat().st_size)
+
+
 def test_bad_variant_is_one_line_and_leaves_no_run_folder(tmp_path):
     run_dir = tmp_path / "run"
     res = _cli("run", "gemma_match", "preset=smoke", "variant=fancy", f"hydra.run.dir={run_dir}")
