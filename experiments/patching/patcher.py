@@ -101,7 +101,9 @@ class Patcher:
         return getattr(self.model(**inputs, use_cache=True, logits_to_keep=1), _cache_name(self.model))
 
     @torch.no_grad()
-    def context_step(self, inputs: dict, cache, logits: bool = True) -> tuple[Tensor | None, list[LayerCapture], object]:
+    def context_step(
+        self, inputs: dict, cache, logits: bool = True
+    ) -> tuple[Tensor | None, list[LayerCapture], object]:
         """The with-context forward of the newest token(s) on top of `cache`: (logits, captures, cache).
         `logits=False` runs the decoder body alone (no final norm's logits, no LM head: None), for when
         only the per-layer targets are needed; the captures are the same bits."""
