@@ -78,12 +78,11 @@ def measure(mode: str, model_name: str, dtype_name: str, tokens: int, variant: s
             patcher = Patcher(bundle.model, variant)
             if mode == "patched":
                 steps = list(patched_generate(patcher, inputs, tokens + 1))[1:]  # the first step warmed up
-                context, patch = [st.context_ms for st in steps], [st.patch_ms for st in steps]
+                times, context = [st.ms for st in steps], [st.context_ms for st in steps]
             else:
                 steps = list(compare_generation(patcher, inputs, tokens + 1, control=False))[1:]
-                context, patch = [st.baseline_ms for st in steps], [st.patch_ms for st in steps]
-            times = [c + p for c, p in zip(context, patch, strict=True)]
-            parts = {"context_ms": median(context), "patch_ms": median(patch)}
+                times, context = [st.patched_ms for st in steps], [st.baseline_ms for st in steps]
+            parts = {"context_ms": median(context), "patch_ms": median([st.patch_ms for st in steps])}
     return {"mode": mode, "ms_per_token": median(times), "mean_ms": sum(times) / len(times), **parts,
             "peak_rss_mb": peak_rss_mb(), "rss_after_load_mb": rss_model, "threads": torch.get_num_threads()}
 

@@ -309,9 +309,9 @@ def _figure_per_token_grid(wide: pd.DataFrame, figures_dir: Path, name: str, tit
         control = rows["control_logit_linf"].median() if "control_logit_linf" in rows else float("nan")
         labels.append(s if math.isnan(control) else f"{s} (control {control:.2g})")
     fig, axes = new_figure(1, 2, width=max(6.0, 0.12 * n_tok + 3.5), height=0.14 * len(series) + 0.9)
+    ys, xs = np.nonzero(bad)
     for ax, (col, label) in zip(axes[:, 0], (("logit_linf", "log10 logit L∞"), ("tvd", "log10 TVD")), strict=True):
         im = ax.imshow(grids[col], aspect="auto", cmap="viridis", interpolation="nearest")
-        ys, xs = np.nonzero(bad)
         ax.plot(xs, ys, "x", color="red", ms=4, mew=1.2, label="top-1 differs")
         ax.set_yticks(range(len(series)), labels, fontsize=6)
         ax.grid(False)

@@ -24,6 +24,7 @@ Patch arithmetic is float32 (float64 for float64 models); only W + ΔW is rounde
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -73,7 +74,12 @@ class PatchedPass:
 def _cache_name(module: nn.Module) -> str:
     """The KV cache's argument and output name: transformers 5.24 renamed `past_key_values` to `cache`
     (the old name warns, and goes in 5.40); earlier versions know only `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    return _cache_name_of(type(module))
+
+
+@functools.cache  # once per model class, not on every generated token
+def _cache_name_of(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 # -- the patcher -------------------------------------------------------------------------------------
