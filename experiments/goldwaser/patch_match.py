@@ -126,12 +126,13 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
     check_context_length(bundle.model.config, [e["input_ids"].shape[1] for e in encoded], int(cfg.max_new_tokens))
     with progress(len(prompts) * int(cfg.max_new_tokens), ctx.experiment) as bar:
         for p, inputs in enumerate(encoded):
-            steps = 0
+            steps = matches = 0
             for st in compare_generation(patcher, inputs, int(cfg.max_new_tokens), choose, stop_ids,
                                          bool(cfg.control)):
                 log_step(ctx, st, token_text(bundle.tokenizer, st.token_id), prompt=p, **index)
                 steps += 1
-                bar.advance(1, info=f"prompt {p}: top-1 {'=' if st.token_id == st.patched_token_id else '≠'}")
+                matches += st.token_id == st.patched_token_id
+                bar.advance(1, info=f"prompt {p + 1}/{len(encoded)}: top-1 match {matches}/{steps}")
             bar.advance(int(cfg.max_new_tokens) - steps)  # a reply that stopped early
 
 

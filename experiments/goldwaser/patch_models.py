@@ -33,6 +33,14 @@ TINY_ARCHITECTURES = ("tiny-gemma3", "tiny-llama", "tiny-gpt2", "tiny-mixtral", 
 FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
             "HF_TOKEN=...), pass a local checkpoint folder as model=PATH, or use an offline model: "
             f"model={' | '.join(OFFLINE_MODELS)}")
+FOLDER_FIX_HINT = ("fix: the folder needs what `save_pretrained` writes for the model and its tokenizer "
+                   "(config.json, model.safetensors or pytorch_model.bin, tokenizer files), or use an offline "
+                   f"model: model={' | '.join(OFFLINE_MODELS)}")
+
+
+def _fix_hint(where: str) -> str:
+    """A local folder cannot be gated or unreachable: its fix is its content."""
+    return FOLDER_FIX_HINT if where == "local folder" else FIX_HINT
 MEMORY_HEADROOM = 1.3  # the weights plus activations, caches and the patched copies of one layer
 
 
@@ -194,7 +202,7 @@ def resolve_config(name: str):
     except Exception as err:  # OSError (no network / gated / not found), ValueError, HTTP errors...
         why = "the hub is unreachable and it is not in the local cache" if local_only and where == "hub id" \
             else _first_line(err)
-        raise UserError(f"cannot load model {name!r} ({where}): {why}; {FIX_HINT}") from None
+        raise UserError(f"cannot load model {name!r} ({where}): {why}; {_fix_hint(where)}") from None
     return config, local_only
 
 
@@ -232,7 +240,7 @@ def _from_pretrained(name: str, dtype: torch.dtype, local_only: bool):
     except UserError:
         raise
     except Exception as err:
-        raise UserError(f"cannot load model {name!r} ({where}): {_first_line(err)}; {FIX_HINT}") from None
+        raise UserError(f"cannot load model {name!r} ({where}): {_first_line(err)}; {_fix_hint(where)}") from None
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",

@@ -72,3 +72,19 @@ def test_a_prompt_longer_than_the_models_positions_is_one_line_before_generation
     check_context_length(config, [5, 8], 8)  # 16 positions: fits exactly
     with pytest.raises(UserError, match=r"prompt 1 is 9 tokens and max_new_tokens=8: 17 positions, the model has 16"):
         check_context_length(config, [5, 9], 8)
+
+
+def test_a_local_folder_without_weights_names_what_the_folder_lacks(tmp_path):
+    """A local folder cannot be gated or offline: the fix offered is its content, not a hub login."""
+    from transformers import LlamaConfig
+
+    from experiments.core.errors import UserError
+    from experiments.goldwaser.patch_models import load_model
+
+    LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, intermediate_size=32,
+                num_attention_heads=2, num_key_value_heads=2).save_pretrained(tmp_path)
+    with pytest.raises(UserError) as err:
+        load_model(str(tmp_path))
+    message = str(err.value)
+    assert "local folder" in message and "save_pretrained" in message and "licence" not in message
+    assert "\n" not in message
