@@ -9,6 +9,8 @@ LOCAL_RANK picks the GPU.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -43,12 +45,27 @@ def is_main_process() -> bool:
 
 
 def init() -> DistInfo:
-    """Join the process group once (env:// rendezvous set up by torchrun); gloo for CPU tensors, NCCL for CUDA."""
+    """Join the process group once (env:// rendezvous set up by torchrun); gloo for CPU tensors, NCCL for CUDA.
+    The group is destroyed at exit, while the interpreter is still whole (`_destroy_at_exit`)."""
     me = info()
     if me.distributed and not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend=backend)
+        atexit.register(_destroy_at_exit)
     return me
+
+
+def _destroy_at_exit() -> None:
+    """A process that exits with its gloo group alive can abort during interpreter finalization ("terminate
+    called without an active exception", SIGABRT; pytorch/pytorch#190489): the rank dies after its work is
+    done, and torchrun then kills the others, rank 0 while it writes the figures. Destroying the group is
+    not enough while a DistributedDataParallel wrapper, garbage in a reference cycle, still holds it: the
+    collection comes first. Measured on this 2-core machine, 4 gloo ranks with DDP and an all_gather, 10
+    launches each: nothing at exit 5 aborted, destroy alone 4, collect then destroy 0 (0 of 30 without
+    the all_gather). At exit, not after each run: a torchrun sweep runs its jobs in one process group."""
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
 
 
 def local_device(device: torch.device) -> torch.device:
