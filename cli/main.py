@@ -146,5 +146,35 @@ def _register_subcommands() -> None:
 
 _register_subcommands()
 
+
+def main() -> None:
+    """The `icl-exp` console script: the Typer app; a torchrun rank then ends by `distributed.end_rank`,
+    past interpreter finalization, where gloo can abort a rank that has done its work."""
+    try:
+        app()
+    except SystemExit as done:
+        if _in_process_group():
+            _end_rank(done.code)
+        raise
+    except BaseException:
+        if _in_process_group():  # report the error, then end as a finished rank does
+            import traceback
+
+            traceback.print_exc()
+            _end_rank(1)
+        raise
+
+
+def _in_process_group() -> bool:
+    """Only a command that imported torch.distributed can be in a group: `icl-exp list` never imports torch."""
+    return "torch.distributed" in sys.modules and sys.modules["torch.distributed"].is_initialized()
+
+
+def _end_rank(code) -> None:
+    from experiments.core import distributed
+
+    distributed.end_rank(code)
+
+
 if __name__ == "__main__":
-    app()
+    main()
