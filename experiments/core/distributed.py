@@ -60,8 +60,10 @@ def init() -> DistInfo:
 def _destroy_at_exit() -> None:
     """Collect, then destroy the group, while the interpreter is still whole. A DistributedDataParallel
     wrapper left as garbage in a reference cycle still holds the group, so the collection comes first.
-    This is the best a library can do at exit; the CLI goes further with `end_rank`."""
-    if dist.is_initialized():
+    This is the best a library can do at exit; the CLI goes further with `end_rank`. Not after an uncaught
+    exception (Python has set sys.last_value by then): the rank may have left an asynchronous collective
+    (a DDP bucket's all-reduce) waiting for peers, and destroying the group would wait with it."""
+    if dist.is_initialized() and not hasattr(sys, "last_value"):
         gc.collect()
         dist.destroy_process_group()
 
@@ -71,19 +73,20 @@ def end_rank(code: int | str | None) -> None:
     group. A gloo rank can abort in finalization even after its group is destroyed ("terminate called
     without an active exception", SIGABRT; a gloo worker thread outliving the interpreter, as described
     in pytorch/pytorch#179291): the rank has done its work, but torchrun sees the signal and kills the
-    others, rank 0 while it writes figures. Measured on a 2-core
-    machine, 4 gloo ranks with DDP and an all_gather: nothing at exit 5 of 10 launches aborted; destroy
-    alone 4 of 10; collect then destroy 6 of 285, the abort coming after `destroy_process_group` had
-    returned. So the CLI, once its command is over, flushes what Python would flush (log handlers, stdout,
-    stderr) and leaves with os._exit: 0 of 100 launches aborted. At the end of the command, not after
-    each run: a torchrun sweep runs its jobs in one process group."""
+    others, rank 0 while it writes figures. Measured on a 2-core machine, 4 gloo ranks with DDP and an
+    all_gather: nothing at exit 5 of 10 launches aborted; destroy alone 4 of 10; collect then destroy 6
+    of 285, the abort coming after `destroy_process_group` had returned. So the CLI, once its command is
+    over, flushes what Python would flush (log handlers, stdout, stderr) and leaves with os._exit: 0 of
+    100 launches aborted. At the end of the command, not after each run: a torchrun sweep runs its jobs
+    in one process group."""
     if not dist.is_initialized():
         return
     if not isinstance(code, int):  # sys.exit(None) is 0; sys.exit("message") prints it and is 1
         if code is not None:
             print(code, file=sys.stderr)
         code = 0 if code is None else 1
-    _destroy_at_exit()
+    if code == 0:  # a failed rank may have a collective pending (see above): it leaves without destroying
+        _destroy_at_exit()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -43,6 +43,20 @@ distributed.end_rank(eval(sys.argv[1]))
 print("never reached")
 """
 
+FAILING_RANK_SCRIPT = """
+import torch, torch.distributed as dist
+from experiments.core import distributed
+distributed.init()
+try:
+    if dist.get_rank() == 1:
+        pending = dist.all_reduce(torch.ones(1), async_op=True)  # left waiting for a peer, as a DDP bucket
+        raise RuntimeError("rank 1 fails")
+    dist.barrier()
+    dist.all_reduce(torch.ones(1))
+except RuntimeError:
+    distributed.end_rank(1)
+"""
+
 
 def _env():
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
@@ -78,3 +92,14 @@ def test_end_rank_without_a_process_group_returns():
     from experiments.core import distributed
 
     assert distributed.end_rank(0) is None
+
+
+def test_a_failing_rank_with_a_collective_pending_ends_the_launch(tmp_path):
+    # Destroying the group would wait for the pending all_reduce (a plain gloo rank that raises hangs
+    # past a 60 s limit here), so end_rank destroys only after success: the launch ends in seconds.
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_RANK_SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "exitcode  : 1" in res.stderr
