@@ -36,12 +36,12 @@ FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and l
 FOLDER_FIX_HINT = ("fix: the folder needs what `save_pretrained` writes for the model and its tokenizer "
                    "(config.json, model.safetensors or pytorch_model.bin, tokenizer files), or use an offline "
                    f"model: model={' | '.join(OFFLINE_MODELS)}")
+MEMORY_HEADROOM = 1.3  # the weights plus activations, caches and the patched copies of one layer
 
 
 def _fix_hint(where: str) -> str:
     """A local folder cannot be gated or unreachable: its fix is its content."""
     return FOLDER_FIX_HINT if where == "local folder" else FIX_HINT
-MEMORY_HEADROOM = 1.3  # the weights plus activations, caches and the patched copies of one layer
 
 
 # -- offline random models ---------------------------------------------------------------------------
