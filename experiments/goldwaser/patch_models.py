@@ -29,10 +29,11 @@ from experiments.goldwaser.gemma_models import GemmaBundle, byte_tokenizer, rand
 ModelBundle = GemmaBundle  # a model with its tokenizer (and processor), whatever the architecture
 GEMMA_OFFLINE = gemma_models.OFFLINE_MODELS
 OFFLINE_MODELS = (*GEMMA_OFFLINE, "tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-gptj", "llama3.2-1b-random")
+REAL_OFFLINE_MODELS = ("gemma-3-270m",)  # trained weights from the package registry (experiments/zoo/gguf.py)
 TINY_ARCHITECTURES = ("tiny-gemma3", "tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-gptj")
 FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
             "HF_TOKEN=...), pass a local checkpoint folder as model=PATH, or use an offline model: "
-            f"model={' | '.join(OFFLINE_MODELS)}")
+            f"model={' | '.join(REAL_OFFLINE_MODELS + OFFLINE_MODELS)}")
 FOLDER_FIX_HINT = ("fix: the folder needs what `save_pretrained` writes for the model and its tokenizer "
                    "(config.json, model.safetensors or pytorch_model.bin, tokenizer files), or use an offline "
                    f"model: model={' | '.join(OFFLINE_MODELS)}")
@@ -154,15 +155,19 @@ def check_fits(name: str, config, dtype: torch.dtype, device: torch.device | str
 # -- loading -----------------------------------------------------------------------------------------
 @contextmanager
 def quiet_transformers():
-    """transformers' and the hub's warnings off while loading: the user gets one line, or nothing."""
+    """transformers' and the hub's warnings and progress bars off while loading: the user gets one line, or
+    nothing."""
     from transformers.utils import logging as hf_logging
 
-    before = hf_logging.get_verbosity()
+    before, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights", "Writing model shards": not ours to show
     try:
         yield
     finally:
         hf_logging.set_verbosity(before)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _first_line(err: BaseException) -> str:
@@ -206,6 +211,13 @@ def resolve_config(name: str):
     return config, local_only
 
 
+def local_checkpoint(name: str) -> str:
+    """`name` itself, or for a GGUF (model=gemma-3-270m, model=PATH.gguf) its converted folder in the cache."""
+    from experiments.zoo import gguf
+
+    return str(gguf.checkpoint_folder(name)) if gguf.is_gguf_model(name) else name
+
+
 def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
     """Everything that can be checked before a run folder exists: the config can be had, the
     architecture has an adapter, the model fits in memory. Returns the config."""
@@ -215,7 +227,7 @@ def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
     if name in OFFLINE_MODELS:
         config = offline_config(name)
     else:
-        config, _ = resolve_config(name)
+        config, _ = resolve_config(local_checkpoint(name))
     adapter_for(config.model_type)
     check_fits(name, config, dtype, device)
     return config
@@ -253,8 +265,9 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.devi
         model = model.to(dtype)
         is_random = True
     else:
-        _, local_only = resolve_config(name) if not Path(name).expanduser().exists() else (config, True)
-        model, tok, processor = _from_pretrained(name, dtype, local_only)
+        path = local_checkpoint(name)
+        _, local_only = resolve_config(path) if not Path(path).expanduser().exists() else (config, True)
+        model, tok, processor = _from_pretrained(path, dtype, local_only)
         is_random = False
     model = model.to(device).eval()
     model.requires_grad_(False)

@@ -1,0 +1,1 @@
+"""Models below the papers: where weights come from (GGUF conversion, ...)."""
