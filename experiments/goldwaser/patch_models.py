@@ -25,6 +25,7 @@ import torch
 from experiments.core.errors import UserError
 from experiments.goldwaser import gemma_models
 from experiments.goldwaser.gemma_models import GemmaBundle, byte_tokenizer, randomize_
+from experiments.zoo.float64 import exact_float64_
 
 ModelBundle = GemmaBundle  # a model with its tokenizer (and processor), whatever the architecture
 GEMMA_OFFLINE = gemma_models.OFFLINE_MODELS
@@ -269,6 +270,6 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.devi
         _, local_only = resolve_config(path) if not Path(path).expanduser().exists() else (config, True)
         model, tok, processor = _from_pretrained(path, dtype, local_only)
         is_random = False
-    model = model.to(device).eval()
+    model = exact_float64_(model.to(device).eval())  # float64 models: no float32 step left (zoo/float64.py)
     model.requires_grad_(False)
     return ModelBundle(name=name, model=model, tokenizer=tok, processor=processor, is_random=is_random)

@@ -15,8 +15,18 @@ so the pass is exactly the forward of the model with those weights: run again wi
 the same bits (tested). Rounding is fed back, not amplified: layer l + 1 is patched for the hidden state
 layer l really produced. In exact arithmetic this is Algorithm 1's patch.
 
+Gemma 3 (a SCALE block ending in m ⊙ RMSNorm(W_down h)): Thm 10 alone, Δm = r ⊘ h′ with h′ = Norm(d′),
+divides by the MLP's normalized outputs, some of which are near 0 on trained weights (max |Δm| up to 1e6
+on Gemma 3 270M). The patched layer then amplifies any change of its input by as much, and the exactness
+holds only for the bits of the pass it was solved in: a stock forward of the same weights (whose matrix-
+vector products round differently, e.g. MKL's for a weight at another memory alignment) is O(1) off by
+the middle layers. So `conditioned` (variant closed_loop; closed_loop_scale is Thm 10 alone) first patches
+W_down in its own pre-hook, by Thm 9 on its input h′, to output C · sign(d_C) (C = RMS(d_C);
+`lemmas.sign_pre_norm_target`); the norm's output is then ±C/√(C² + ε) in every coordinate, and Thm 10
+divides by that. The patched layer is as sensitive to its input as the original one.
+
 Cost per layer: one forward, plus one pass over each patched matrix (`rounded.add_rank1_by_rows`);
-W_down's solve (Llama) reads each row block once for T′ and the update together.
+W_down's solve reads each row block once for T′ (or W h′) and the update together.
 """
 
 from __future__ import annotations
@@ -37,10 +47,14 @@ def _input(args: tuple, kwargs: dict) -> Tensor:
 
 
 def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCapture, args: tuple, kwargs: dict,
-                          bufs: PatchBuffers, cdt: torch.dtype) -> tuple[dict, object, LayerPatchStats]:
+                          bufs: PatchBuffers, cdt: torch.dtype, conditioned: bool = True
+                          ) -> tuple[dict, object, LayerPatchStats]:
     """The layer's forward on its input (`args`/`kwargs` as the model passed them), patched in the pass
-    for the with-context values `cap`: (the values it read, its output, the patch's stats)."""
-    originals = {name: layer.get_parameter(name) for name in (*adapter.input_matrices, adapter.output_param)}
+    for the with-context values `cap`: (the values it read, its output, the patch's stats). `conditioned`:
+    a SCALE block's pre-norm matrix gets its step too (see the module doc)."""
+    pre_norm = adapter.pre_norm_matrix if conditioned else None
+    names = (*adapter.input_matrices, *([pre_norm] if pre_norm else []), adapter.output_param)
+    originals = {name: layer.get_parameter(name) for name in names}
     bufs.begin()
     for name, W in originals.items():
         bufs.out(name, W)
@@ -54,6 +68,12 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
             input_update_rounded(originals[name], adapter.input_matrices[name], cap.z_c, z, bufs.tensors[name], cdt)
         done.append("inputs")
 
+    def patch_pre_norm(module, a, kw):  # Thm 9: W_down h′ = C sign(d_C), so the norm's output is ±1
+        P = originals[pre_norm]
+        solve_output_rule(OUTER_WEIGHT, module, P, bufs.tensors[pre_norm], a, kw,
+                          lemmas.sign_pre_norm_target(cap.d_c.to(cdt)), cdt, LayerPatchStats())
+        done.append("pre_norm")
+
     def patch_output(module, a, kw):
         target_minus_v = cap.x_out.to(cdt) - residual(values).to(cdt)
         P = originals[adapter.output_param]
@@ -63,13 +83,17 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
 
     handles = register_captures(adapter, layer, values)
     handles.append(layer.get_submodule(adapter.mlp).register_forward_pre_hook(patch_inputs, with_kwargs=True))
+    if pre_norm:
+        handles.append(layer.get_submodule(pre_norm.rsplit(".", 1)[0]).register_forward_pre_hook(
+            patch_pre_norm, with_kwargs=True))
     handles.append(owner(adapter, layer).register_forward_pre_hook(patch_output, with_kwargs=True))
     try:
         output = functional_call(layer, bufs.tensors, args, kwargs)
     finally:
         for h in handles:
             h.remove()
-    if done != ["inputs", "output"]:  # a tensor the forward read was never written: its result is garbage
+    # a tensor the forward read was never written: its result is garbage
+    if done != ["inputs", *(["pre_norm"] if pre_norm else []), "output"]:
         raise RuntimeError(f"{adapter.family}: the in-pass patch ran {done}, expected the input update "
                            "then the output rule; the adapter does not match this block")
     values["out"] = last_position(first_output(output))

@@ -20,6 +20,7 @@ the remainder r = g − m ⊙ Norm(h′_down), Δm = r ⊘ Norm(h′_down) (Lemm
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from experiments.patching.gemma3_stable import invert_rms_norm
@@ -38,8 +39,9 @@ def scale_patch(v_c: Tensor, v: Tensor, f_c: Tensor) -> tuple[Tensor, int]:
 
 
 def rms_normalize(norm: nn.Module, x: Tensor) -> Tensor:
-    """Gemma3RMSNorm without its scale: x / sqrt(mean(x²) + eps), in float32 as the module computes."""
-    return norm._norm(x.float())
+    """Gemma3RMSNorm without its scale: x / sqrt(mean(x²) + eps), in float32 as the module computes (float64
+    for a float64 model, whose norms compute in float64: zoo/float64.py)."""
+    return norm._norm(x.float() if x.dtype != torch.float64 else x)
 
 
 def stable_down_and_scale(layer: nn.Module, cap, dv: Tensor, bufs, cdt):

@@ -74,6 +74,15 @@ def scale_update(r: Tensor, h: Tensor) -> tuple[Tensor, int]:
     return divide_or_zero(r, h)
 
 
+def sign_pre_norm_target(d: Tensor) -> Tensor:
+    """C · sign(d), C = RMS(d) (sign 0 read as +1): a pre-norm vector with d's RMS whose RMS-normalized
+    form is ±1 in every coordinate. The conditioned closed loop (closed_loop.py) has the matrix before a
+    post-MLP norm output it (Thm 9), so that the scale's update (Thm 10) divides by ±1, never by an
+    MLP output near 0. d's own signs keep the matrix's change small."""
+    rms = d.square().mean().sqrt()
+    return torch.where(d < 0, -rms, rms)
+
+
 def moe_updates(r: Tensor, gates: Tensor, ys: Tensor) -> list[tuple[Tensor, Tensor]]:
     """Thm 11: for the active experts j, with router gates g_j (K,) and outer-matrix inputs y_j (K, n),
     outer-weight factors with ΔW′_j y_j = r / S, S = Σ_j g_j: the mixture Σ_j g_j (o_j + r / S) then moves

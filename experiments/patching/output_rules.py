@@ -31,8 +31,9 @@ def owner(adapter: BlockAdapter, layer: nn.Module) -> nn.Module:
 
 
 def scale_input(norm: nn.Module, d: Tensor, cdt: torch.dtype) -> Tensor:
-    """h = d / RMS(d), what Gemma's post-MLP RMSNorm multiplies by its scale (computed in float32)."""
-    return norm._norm(d.float()).to(cdt)
+    """h = d / RMS(d), what Gemma's post-MLP RMSNorm multiplies by its scale, computed as the norm does:
+    in float32 (transformers), in float64 for float64 models (zoo/float64.py); `cdt` is that dtype."""
+    return norm._norm(d.to(cdt))
 
 
 def apply_output_rule(adapter: BlockAdapter, layer: nn.Module, r: Tensor, values: dict, bufs: PatchBuffers,

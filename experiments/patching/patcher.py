@@ -17,7 +17,8 @@ Variants (where layer l's patch is computed):
 - closed_loop (`closed_loop.py`): against the hidden state x′ the patched pass actually produced, inside
   the layer's one forward: the input update for its own z′, then the output rule solved for the exact
   with-context output T(C, x) against what the rounded input update gives. Rounding is fed back, not
-  amplified; in exact arithmetic it is the same patch as naive.
+  amplified. For Gemma 3 W_down is patched too, so that the scale's update divides by ±1 (a patched model
+  that a stock forward reproduces); closed_loop_scale is Thm 10 alone, as naive, in the closed loop.
 
 Patch arithmetic is float32 (float64 for float64 models); only W + ΔW is rounded, once.
 """
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from experiments.patching.arch import adapter_for, check_variant
+from experiments.patching.arch import CLOSED_LOOP, adapter_for, check_variant
 from experiments.patching.capture import (
     LayerCapture,
     StopAtMLP,
@@ -179,8 +180,9 @@ class Patcher:
 
     def _patch_and_run(self, index, layer, cap, args, kwargs, result, keep):
         hidden = args[0] if args else kwargs["hidden_states"]
-        if self.variant == "closed_loop":  # patched inside the layer's one forward
-            values, output, stats = patched_layer_forward(self.adapter, layer, cap, args, kwargs, self.bufs, self.cdt)
+        if self.variant in CLOSED_LOOP:  # patched inside the layer's one forward
+            values, output, stats = patched_layer_forward(self.adapter, layer, cap, args, kwargs, self.bufs, self.cdt,
+                                                          conditioned=self.variant == "closed_loop")
         else:
             stats = self.patch_layer(layer, cap, hidden, args, kwargs)
             values, output = self._run(layer, args, kwargs, hidden, self.bufs.tensors)
@@ -198,7 +200,7 @@ class Patcher:
     def patch_layer(self, layer: nn.Module, cap: LayerCapture, hidden: Tensor, args=(), kwargs=None) -> LayerPatchStats:
         """Open loop (naive, stable): fill self.bufs with this layer's patched tensors, computed against the
         with-context pass's input to the layer (the target), whatever the patched pass's `hidden` is."""
-        if self.variant == "closed_loop":
+        if self.variant in CLOSED_LOOP:
             raise ValueError("closed_loop patches inside the layer's forward (closed_loop.patched_layer_forward)")
         A, cdt, bufs = self.adapter, self.cdt, self.bufs
         kwargs = kwargs or {}

@@ -9,7 +9,8 @@ from experiments.patching.arch.base import BlockAdapter
 ADAPTERS: dict[str, BlockAdapter] = {
     t: module.ADAPTER for module in (gemma3, llama, gpt2, mixtral, gptj) for t in module.ADAPTER.model_types
 }
-VARIANTS = ("naive", "stable", "closed_loop")
+VARIANTS = ("naive", "stable", "closed_loop", "closed_loop_scale")
+CLOSED_LOOP = ("closed_loop", "closed_loop_scale")  # patched inside each layer's forward (closed_loop.py)
 
 
 def supported() -> str:
@@ -32,3 +33,6 @@ def check_variant(adapter: BlockAdapter, variant: str) -> None:
         have = ", ".join(sorted({a.family for a in ADAPTERS.values() if a.stable}))
         raise UserError(f"variant=stable (App. B) needs a post-MLP norm, which {adapter.family} does not have "
                         f"(only {have}); use variant=naive or closed_loop")
+    if variant == "closed_loop_scale" and not adapter.pre_norm_matrix:
+        raise UserError(f"variant=closed_loop_scale (Thm 10 alone in the closed loop) is the Gemma 3 closed loop "
+                        f"without its W_down step; {adapter.family} has no post-MLP norm: use variant=closed_loop")

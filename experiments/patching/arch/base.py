@@ -45,6 +45,9 @@ class BlockAdapter:
     # capture name -> (module path relative to the layer, "input" | "output"): what the rule reads
     captures: dict[str, tuple[str, str]] = field(default_factory=dict)
     stable: bool = False  # App. B applies: the block ends with a post-MLP norm (Gemma 3)
+    # SCALE blocks: the matrix whose output the post-MLP norm normalizes (Gemma's W_down). The closed loop
+    # patches it too, so that Thm 10 divides by ±1 (lemmas.sign_pre_norm_target): see closed_loop.py
+    pre_norm_matrix: str | None = None
     theorem: str = ""  # which Table 1 rows this block uses, for tables
 
     def layers(self, model: nn.Module) -> nn.ModuleList:

@@ -5,7 +5,8 @@
 
 Input matrices W_gate, W_up (Thm 7); the post-MLP RMSNorm's scale absorbs r (Thm 10). App. B's stable
 update (ΔW_down from the RMSNorm inversion, then Δm for the remainder) applies: the block has the
-post-MLP norm it needs.
+post-MLP norm it needs. The closed loop also patches W_down (`pre_norm_matrix`), so that Thm 10 divides
+by ±1 instead of by MLP outputs near 0 (closed_loop.py).
 """
 
 from experiments.patching.arch.base import LINEAR, SCALE, BlockAdapter
@@ -22,5 +23,6 @@ ADAPTER = BlockAdapter(
     residual_at="pre_feedforward_layernorm",
     captures={"d": ("post_feedforward_layernorm", "input"), "h": ("mlp.down_proj", "input")},
     stable=True,
+    pre_norm_matrix="mlp.down_proj.weight",
     theorem="Thm 7 + Thm 10 (post-norm scale)",
 )
