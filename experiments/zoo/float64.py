@@ -29,12 +29,16 @@ def exact_float64_(model: nn.Module) -> nn.Module:
         kind = type(module).__name__
         if kind.endswith("RMSNorm"):
             module.forward = types.MethodType(_gemma_rms_forward if _one_plus(module) else _rms_forward, module)
-        elif kind.endswith("RotaryEmbedding"):
+        elif kind.endswith("RotaryEmbedding") and _has_inv_freq(module):  # (GPT-J's is a stored table)
             module.forward = types.MethodType(_rotary_forward, module)
     for config in (getattr(model, "config", None), getattr(getattr(model, "config", None), "text_config", None)):
         if config is not None and getattr(config, "_attn_implementation", None) == "eager":
             config._attn_implementation = "sdpa"  # eager's softmax is float32; SDPA's is the inputs' dtype
     return model
+
+
+def _has_inv_freq(module: nn.Module) -> bool:
+    return any(name.endswith("inv_freq") for name, _ in module.named_buffers(recurse=False))
 
 
 def is_exact_float64(model: nn.Module) -> bool:
