@@ -10,6 +10,7 @@ model's next-token logits after the whole prompt.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,7 @@ from experiments.core.errors import UserError
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 
+log = logging.getLogger(__name__)
 REF = "Goldwaser §3 Thm 1 / Alg. 1 (exported)"
 
 
@@ -44,7 +46,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     with threads_for(bundle.model):
         summary = export_patched(bundle, str(cfg.prompt), ctx.run_dir, str(cfg.variant), bool(cfg.chat_template))
-    reference = summary.pop("reference_logits")
+    reference, control = summary.pop("reference_logits"), summary.pop("control_logits")
     with quiet_transformers():
         stock = AutoModelForCausalLM.from_pretrained(ctx.run_dir / "patched", dtype=ctx.dtype,
                                                      **implementation_kwargs(bundle.model.config)).to(ctx.device)
@@ -53,6 +55,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     check = logit_comparison(reference, got)
     index = dict(model=str(cfg.model), dtype=dtype_name(ctx.dtype), variant=str(cfg.variant))
     ctx.log_many(check, **index)
+    ctx.log_many({f"control_{k}": v for k, v in logit_comparison(reference, control).items()}, **index)
+    decode = bundle.tokenizer.decode
+    log.info("next token with the context %r; the patched checkpoint (stock reload) without it %r; the unpatched "
+             "model without it %r", summary["next_token_with_context"], decode([int(got.argmax())]),
+             summary["next_token_without_context"])
     where = f"{cfg.model}, {dtype_name(ctx.dtype)}, {cfg.variant}"
     ctx.check("goldwaser.export.top1_reproduced", REF,
               f"stock transformers loads the patched checkpoint and, fed the query token alone, picks the "

@@ -47,6 +47,7 @@ def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str
     cache = patcher.prefill({"input_ids": ids[:, :-1]})
     query = ids[:, -1:]
     reference, caps, _ = patcher.context_step({"input_ids": query}, cache)
+    control = patcher.control_logits(query)  # the unpatched model, the query alone: what the patch must change
     patched_tensors: dict[str, torch.Tensor] = {}
     result = patcher.patched_pass(query, caps, keep=patched_tensors)
     params = dict(model.named_parameters())
@@ -60,11 +61,14 @@ def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str
         "model": bundle.name, "model_type": model.config.model_type, "prompt": prompt, "variant": variant,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "context_ids": ids[0, :-1].tolist(), "query_id": int(query),
-        "reference_top1": int(reference.argmax()),
+        "reference_top1": int(reference.argmax()), "control_top1": int(control.argmax()),
+        "next_token_with_context": tok.decode([int(reference.argmax())]),
+        "next_token_without_context": tok.decode([int(control.argmax())]),
         "logit_linf_at_export": check["logit_linf"], "top1_match_at_export": bool(check["top1_match"]),
         "div_zero": result.div_zero, "no_root": result.no_root,
         "has_base": bundle.is_random,
     }
     write_json_atomic(out_dir / "inputs.json", summary)
     summary["reference_logits"] = reference  # not in inputs.json: for the caller's own check
+    summary["control_logits"] = control
     return summary
