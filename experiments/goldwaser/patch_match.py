@@ -29,12 +29,15 @@ from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.core.validation import require_positive
 from experiments.goldwaser.patch_match_plots import CONTEXT_IMAGE, PAPER_BF16_MATCH, plot
-from experiments.patching.arch import VARIANTS
+from experiments.patching.arch import CLOSED_LOOP, VARIANTS
 
 SOURCE = "Goldwaser §4.2"
 TABLE1 = "Goldwaser §5 Table 1"
 RELATIVE_ROUNDING = 1e-4  # float32 "exact": max |Δlogit| / max |logit| at rounding level
 SAMPLING = ("greedy", "sample")
+# where the patched weights are also run as stock weights (Patcher.stock_logits): the first token of every
+# prompt (default: one extra forward a prompt), every token, or never
+STOCK_CHECK = {"first": lambda step: step == 0, "all": lambda step: True, "none": lambda step: False}
 
 
 # -- config --------------------------------------------------------------------------------------
@@ -53,6 +56,8 @@ def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists, the model included (`validate_model`)."""
     if cfg.variant not in VARIANTS:
         raise UserError(f"variant={cfg.variant!r} is not one of {', '.join(VARIANTS)}")
+    if str(cfg.get("stock_check", "first")) not in STOCK_CHECK:
+        raise UserError(f"stock_check={cfg.stock_check!r} is not one of {', '.join(STOCK_CHECK)}")
     if cfg.sampling not in SAMPLING:
         raise UserError(f"sampling={cfg.sampling!r} is not one of {', '.join(SAMPLING)}")
     require_positive(cfg, "max_new_tokens")
@@ -119,13 +124,14 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
     stop_ids = stop_token_ids(bundle) if cfg.stop_at_eos else set()
     index = dict(model=str(cfg.model), family=patcher.adapter.family, dtype=dtype_name(ctx.dtype),
                  variant=cfg.variant, device=ctx.device.type, context="image" if image is not None else "text")
+    stock_at = STOCK_CHECK[str(cfg.get("stock_check", "first"))]
     encoded = [encode_prompt(bundle, text, image, bool(cfg.chat_template), ctx.device) for text in prompts]
     check_context_length(bundle.model.config, [e["input_ids"].shape[1] for e in encoded], int(cfg.max_new_tokens))
     with progress(len(prompts) * int(cfg.max_new_tokens), ctx.experiment) as bar:
         for p, inputs in enumerate(encoded):
             steps = matches = 0
             for st in compare_generation(patcher, inputs, int(cfg.max_new_tokens), choose, stop_ids,
-                                         bool(cfg.control)):
+                                         bool(cfg.control), stock_at):
                 log_step(ctx, st, token_text(bundle.tokenizer, st.token_id), prompt=p, **index)
                 steps += 1
                 matches += st.token_id == st.patched_token_id
@@ -162,6 +168,9 @@ def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
         ctrl = logit_comparison(st.context, st.control)
         ctx.log_many({f"control_{k}": ctrl[k] for k in ("logit_linf", "tvd", "top1_match")}, **idx)
         ctx.log("control_ms", st.control_ms, **idx)
+    if st.stock is not None:
+        stock = logit_comparison(st.context, st.stock)
+        ctx.log_many({f"stock_{k}": stock[k] for k in ("logit_linf_rel", "tvd", "top1_match")}, **idx)
     ctx.log_many(dict(div_zero=st.patched.div_zero, no_root=st.patched.no_root, dm_linf=st.patched.dm_linf,
                       routing_changed=st.patched.routing_changed,
                       baseline_ms=st.baseline_ms, patch_ms=st.patch_ms, patched_ms=st.patched_ms), **idx)
@@ -197,6 +206,11 @@ def check_claims(ctx: RunContext, m: pd.DataFrame, dtype, variant: str, control:
         ctx.check("goldwaser.table1.moe_same_experts", TABLE1 + " Thm 11",
                   f"the patched router picks the same experts as with the context: layers x tokens where it "
                   f"did not ({where})", metric(m, "routing_changed")["value"].sum(), "<=", 0.0)
+    if "stock_top1_match" in set(m["metric"]) and variant in CLOSED_LOOP and dtype != torch.bfloat16:
+        ctx.check(f"goldwaser.fig3.{variant}_{name}_stock_forward", SOURCE + " (a stock forward of the patch)",
+                  f"the patched weights written into the model's own parameters and run by its stock forward (no "
+                  f"hooks) give the with-context logits too: max |Δlogit| / max |logit| at the checked tokens "
+                  f"({where})", metric(m, "stock_logit_linf_rel")["value"].max(), "<=", RELATIVE_ROUNDING)
     if control:
         ratio = (metric(m, "control_logit_linf")["value"].median()
                  / max(metric(m, "logit_linf")["value"].median(), 1e-300))

@@ -52,6 +52,7 @@ class Step:
     baseline_ms: float  # the with-context, KV-cached step: plain generation's cost
     patch_ms: float  # Algorithm 1 + the patched forward
     control_ms: float = 0.0
+    stock: Tensor | None = None  # the patched weights' stock forward (Patcher.stock_logits), where checked
 
     @property
     def patched_ms(self) -> float:
@@ -92,9 +93,11 @@ def _prefill_context(patcher: Patcher, inputs: dict) -> tuple[object, Tensor]:
 
 def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
                        choose: Callable[[Tensor, Tensor], tuple[int, int]] = greedy,
-                       stop_ids: set[int] | None = None, control: bool = True) -> Iterator[Step]:
+                       stop_ids: set[int] | None = None, control: bool = True,
+                       stock_at: Callable[[int], bool] = lambda step: False) -> Iterator[Step]:
     """§4.1: generate with the context; at every step patch for the whole prefix, compare, and go on
-    with the baseline's token (also after a top-1 mismatch)."""
+    with the baseline's token (also after a top-1 mismatch). At the steps `stock_at` picks, the patched
+    tensors are also run as stock weights (`Patcher.stock_logits`)."""
     ids = inputs["input_ids"]
     cache, query = _prefill_context(patcher, inputs)
     for step in range(max_new_tokens):
@@ -102,13 +105,15 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
         context, caps, cache = patcher.context_step({"input_ids": query}, cache)
         baseline_ms = _ms(t0)
         t0 = time.perf_counter()
-        patched = patcher.patched_pass(query, caps)
+        keep = {} if stock_at(step) else None
+        patched = patcher.patched_pass(query, caps, keep=keep)
         patch_ms = _ms(t0)
         t0 = time.perf_counter()
         ctrl = patcher.control_logits(query) if control else None
         control_ms = _ms(t0) if control else 0.0
+        stock = patcher.stock_logits(query, keep) if keep is not None else None
         token, patched_token = choose(context, patched.logits)
-        yield Step(step, token, patched_token, context, patched, ctrl, baseline_ms, patch_ms, control_ms)
+        yield Step(step, token, patched_token, context, patched, ctrl, baseline_ms, patch_ms, control_ms, stock)
         if stop_ids and token in stop_ids:
             break
         query = torch.tensor([[token]], device=ids.device)

@@ -127,6 +127,23 @@ class Patcher:
         """The control: the unpatched model's own forward of the query token alone (no context)."""
         return self.model(input_ids=query.view(1, 1), use_cache=False).logits[0, -1].float()
 
+    @torch.no_grad()
+    def stock_logits(self, query: Tensor, patched: dict[str, Tensor]) -> Tensor:
+        """The patched model as stock transformers runs it: the `patched` tensors (full parameter names, as
+        `patched_pass(keep=...)` gives them) written into the model's own parameters, in their own storage,
+        and the model's forward of the query alone, with no hook, no interception; the parameters are then
+        restored bit for bit. What the patched pass gave counts only if this gives it too: the bits of a
+        product depend on more than its operands (MKL's on a weight's memory alignment)."""
+        params = dict(self.model.named_parameters())
+        saved = {name: params[name].detach().clone() for name in patched}
+        try:
+            for name, tensor in patched.items():
+                params[name].copy_(tensor)
+            return self.model(input_ids=query.view(1, 1), use_cache=False).logits[0, -1].float()
+        finally:
+            for name, tensor in saved.items():
+                params[name].copy_(tensor)
+
     # -- the patched side ---------------------------------------------------------------------------
     @torch.no_grad()
     def patched_pass(self, query: Tensor, caps: list[LayerCapture], keep: dict | None = None) -> PatchedPass:

