@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from experiments.patching.gemma3_stable import invert_rms_norm
-from experiments.patching.lemmas import divide_or_zero, input_update, scale_update
+from experiments.patching.lemmas import divide_or_zero, input_update, scale_update, sign_pre_norm_target
 
 GATE, UP, DOWN, SCALE = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
                          "post_feedforward_layernorm.weight")
@@ -44,9 +44,12 @@ def rms_normalize(norm: nn.Module, x: Tensor) -> Tensor:
     return norm._norm(x.float() if x.dtype != torch.float64 else x)
 
 
-def stable_down_and_scale(layer: nn.Module, cap, dv: Tensor, bufs, cdt):
+def stable_down_and_scale(layer: nn.Module, cap, dv: Tensor, bufs, cdt, sign_target: bool = False):
     """App. B.1 steps 1–3: W_down's rank-1 patch from the RMSNorm inversion, then Δm for the remainder.
-    `cap` holds the with-context d_C (post-norm input) and h_gated,C (down_proj input); dv = v_C − v."""
+    `cap` holds the with-context d_C (post-norm input) and h_gated,C (down_proj input); dv = v_C − v.
+    `sign_target` (variant conditioned): step 1's target is C · sign(d_C) instead of App. B's inversion
+    (lemmas.sign_pre_norm_target), whose normalized form is ±1 everywhere: step 3's Δm then divides by
+    ±1, where App. B's divides by the inversion's coordinates, which can be near 0 like Eq. 4's."""
     from experiments.patching.output_rules import LayerPatchStats
     from experiments.patching.rounded import add_outer_rounded
 
@@ -56,7 +59,10 @@ def stable_down_and_scale(layer: nn.Module, cap, dv: Tensor, bufs, cdt):
     g = dv.double() + m * f_c  # target of m ⊙ Norm(·): (v_C − v) + h_out,C
     d_c = cap.d_c.double()
     target_rms = float(d_c.square().mean().sqrt())
-    h_target, no_root = invert_rms_norm(g, m, target_rms)  # step 1
+    if sign_target:
+        h_target, no_root = sign_pre_norm_target(d_c), False
+    else:
+        h_target, no_root = invert_rms_norm(g, m, target_rms)  # step 1
     h_gated = cap.h_gated_c.to(cdt)
     delta = (h_target - d_c).to(cdt)
     out = bufs.out(DOWN, W)  # step 2: ΔW_down = δ h_gated,Cᵀ / ‖h_gated,C‖²

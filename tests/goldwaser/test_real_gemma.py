@@ -70,6 +70,18 @@ def test_closed_loop_is_exact_at_every_layer_in_float64_and_the_open_loop_is_not
     assert err[0] < 1e-13 and err[-1] > 1e6 * err[0], err
 
 
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.float64, 1e-13)])
+def test_the_open_loop_holds_once_eq4_divides_by_plus_minus_one(gemma32, gemma64, dtype, bound):
+    """Algorithm 1's failure on trained weights is Eq. 4's division by MLP outputs near 0, not the open loop:
+    the same open loop with W_down patched to C·sign(d_C) (variant conditioned) stays at rounding level at
+    every layer, where naive's error grows about tenfold a layer (the control)."""
+    bundle = gemma32 if dtype == torch.float32 else gemma64
+    st = steps(bundle, "conditioned", n=1)[0]
+    naive = steps(bundle, "naive", n=1)[0]
+    assert max(st.patched.hidden_rel) < bound and st.token_id == st.patched_token_id, st.patched.hidden_rel
+    assert naive.patched.hidden_rel[-1] > 1e4 * max(st.patched.hidden_rel)
+
+
 def test_closed_loop_float32_matches_and_the_control_does_not(gemma32):
     for st in steps(gemma32, "closed_loop"):
         patched = logit_comparison(st.context, st.patched.logits)

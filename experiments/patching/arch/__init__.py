@@ -9,7 +9,7 @@ from experiments.patching.arch.base import BlockAdapter
 ADAPTERS: dict[str, BlockAdapter] = {
     t: module.ADAPTER for module in (gemma3, llama, gpt2, mixtral, gptj) for t in module.ADAPTER.model_types
 }
-VARIANTS = ("naive", "stable", "closed_loop", "closed_loop_scale")
+VARIANTS = ("naive", "stable", "conditioned", "closed_loop", "closed_loop_scale")
 CLOSED_LOOP = ("closed_loop", "closed_loop_scale")  # patched inside each layer's forward (closed_loop.py)
 
 
@@ -29,9 +29,9 @@ def adapter_for(model_type: str) -> BlockAdapter:
 def check_variant(adapter: BlockAdapter, variant: str) -> None:
     if variant not in VARIANTS:
         raise UserError(f"variant={variant!r} is not one of {', '.join(VARIANTS)}")
-    if variant == "stable" and not adapter.stable:
+    if variant in ("stable", "conditioned") and not adapter.stable:
         have = ", ".join(sorted({a.family for a in ADAPTERS.values() if a.stable}))
-        raise UserError(f"variant=stable (App. B) needs a post-MLP norm, which {adapter.family} does not have "
+        raise UserError(f"variant={variant} (App. B) needs a post-MLP norm, which {adapter.family} does not have "
                         f"(only {have}); use variant=naive or closed_loop")
     if variant == "closed_loop_scale" and not adapter.pre_norm_matrix:
         raise UserError(f"variant=closed_loop_scale (Thm 10 alone in the closed loop) is the Gemma 3 closed loop "
