@@ -6,7 +6,8 @@
 
 Targets: gemma-3-270m (issue 20) patched generation ≤ 1.8× stock `generate`'s time per token and ≤ 1.2× its
 peak memory; the 1B shapes (issue 8) ≤ 3× and ≤ 1.5×. Each mode runs in its own process; the peak RSS
-(VmHWM) is reset after the model is built, so it is the peak while generating (model included). Modes, time per token (the prefill not counted):
+(VmHWM) is reset after the model is built, so it is the peak while generating (model included). Modes,
+time per token (the prefill not counted):
 - generate: stock `model.generate(ids, max_new_tokens=N, do_sample=False)` with its KV cache, timed as
   (t(N + 1) − t(1)) / N, median of 3;
 - patched: patched generation (`generate.patched_generate`): the patched model, fed only its own tokens,
