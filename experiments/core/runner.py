@@ -42,12 +42,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's time limit, joblib stopping a worker): the run is interrupted, not failed."""
 
 
+def _submitit_bypass(handler) -> bool:
+    """submitit's SIGTERM handler in a SLURM job: it only logs "Bypassing signal SIGTERM" (submitit
+    checkpoints on SIGUSR2), so `scancel` would leave the run going until SLURM's SIGKILL."""
+    return getattr(handler, "__qualname__", "") == "SignalHandler.bypass" and \
+        getattr(handler, "__module__", "").startswith("submitit")
+
+
 @contextmanager
 def _sigterm_interrupts():
     """Turn SIGTERM into Terminated while a run is going, so run.json gets to say `interrupted`.
-    Only where nobody else handles SIGTERM (submitit, for one, installs its own)."""
+    Only where nobody else handles SIGTERM, or where submitit's handler would ignore it (scancel)."""
+    previous = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            not (previous is signal.SIG_DFL or _submitit_bypass(previous)):
         yield
         return
 
@@ -58,7 +66,7 @@ def _sigterm_interrupts():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_from_hydra(cfg: DictConfig) -> None:
