@@ -131,11 +131,13 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
         try:
             ctx.flush()  # keep what was measured
         finally:
+            _record_precision(record, ctx)
             record.update(status="interrupted" if interrupted else "failed", end=_now(),
                           wall_time_s=round(time.perf_counter() - t0, 3),
                           error=_one_line(err), stopped_at=progress.last_progress())
             write_json_atomic(run_json, record)
         raise
+    _record_precision(record, ctx)
     record.update(status="complete", end=_now(), wall_time_s=round(time.perf_counter() - t0, 3))
     claims = ctx.claims()
     record["claims_passed"] = int(claims["passed"].sum())
@@ -146,6 +148,11 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     for line in run_summary(run_dir, claims, record["wall_time_s"], preset):
         log.info("%s", line)
     return ctx
+
+
+def _record_precision(record: dict, ctx: RunContext) -> None:
+    """run.json's `precision`: what the experiment says ran (mixed precision), else the dtype itself."""
+    record["precision"] = ctx.precision or record.get("dtype")
 
 
 def _one_line(err: BaseException) -> str:
