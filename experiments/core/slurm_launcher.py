@@ -89,6 +89,15 @@ def refusal_line(error: BaseException, params: dict[str, Any]) -> str:
     return f"sbatch refused the sweep: {reason}; try {fix}"
 
 
+def stuck_line(job: str, reason: str, params: dict[str, Any]) -> str:
+    """A job SLURM accepted but will never start, in one line with what it asked and what to change."""
+    asked = (f"{params.get('gpus_per_node') or 0} GPU, {params.get('cpus_per_task')} CPUs, {params.get('mem_gb')} GB, "
+             f"{params.get('timeout_min')} min")
+    return (f"SLURM will never start job {job} (squeue: {reason}): it asks {asked}, more than the partition allows; "
+            f"the sweep's jobs were cancelled. Try smaller hydra.launcher.cpus_per_task=... mem_gb=... "
+            f"gpus_per_node=... timeout_min=..., or another hydra.launcher.partition=... (`sinfo -s` lists them)")
+
+
 class SlurmLauncher(_SubmititSlurmLauncher):
     """The plugin's launcher (its job side, `__call__`, runs each job unchanged); `launch` submits as the
     plugin does, with resources filled in, a one-line refusal, and a squeue-based wait."""
@@ -124,15 +133,26 @@ class SlurmLauncher(_SubmititSlurmLauncher):
                 shutil.rmtree(sweep_dir, ignore_errors=True)
             print(f"error: {refusal_line(err, params)}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
-        return self._wait(jobs, job_overrides, initial_job_idx, sweep_dir)
+        return self._wait(jobs, job_overrides, initial_job_idx, sweep_dir, fresh, params)
 
-    def _wait(self, jobs: list, job_overrides, initial_job_idx: int, sweep_dir: Path) -> list[JobReturn]:
-        """Wait until every job has written its result or left the queue (squeue; sacct may be off)."""
+    def _wait(self, jobs: list, job_overrides, initial_job_idx: int, sweep_dir: Path, fresh: bool,
+              params: dict[str, Any]) -> list[JobReturn]:
+        """Wait until every job has written its result or left the queue (squeue; sacct may be off). A job
+        SLURM keeps pending for a reason that no wait ends (it asks more than the partition has) is a
+        refusal too: the sweep's jobs are cancelled and it ends in one line."""
         pending = {j.job_id for j in jobs}
         while pending:
             pending -= {j.job_id for j in jobs if j.job_id in pending and j.paths.result_pickle.exists()}
             if pending:
-                pending &= _in_queue(pending)
+                queued = _in_queue(pending)
+                pending &= set(queued)
+                stuck = {j: r for j, r in queued.items() if _never_runs(r)}
+                if stuck:
+                    subprocess.run(["scancel", *sorted({j.split("_")[0] for j in queued})], capture_output=True)
+                    if fresh:
+                        shutil.rmtree(sweep_dir, ignore_errors=True)
+                    print(f"error: {stuck_line(*sorted(stuck.items())[0], params)}", file=sys.stderr, flush=True)
+                    raise SystemExit(2)
             if pending:
                 time.sleep(POLL_S)
         return [self._job_return(job, list(overrides), sweep_dir / str(initial_job_idx + i))
@@ -159,15 +179,26 @@ class SlurmLauncher(_SubmititSlurmLauncher):
         return ret
 
 
-def _in_queue(job_ids: set[str]) -> set[str]:
-    """The jobs squeue still lists (pending, running, completing). An array job's tasks are `ID_N`."""
-    proc = subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", ",".join(sorted(job_ids))], capture_output=True,
-                          text=True)
+def _in_queue(job_ids: set[str]) -> dict[str, str]:
+    """The jobs squeue still lists (pending, running, completing), each with squeue's reason (`None` when
+    running). -r lists an array job's tasks one by one, as `ID_N`."""
+    proc = subprocess.run(["squeue", "-h", "-r", "-o", "%i %r", "-j", ",".join(sorted(job_ids))],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         # squeue says "Invalid job id specified" once every job has left the queue
-        return set() if "invalid job id" in proc.stderr.lower() else set(job_ids)
-    listed = set(proc.stdout.split())
-    return {j for j in job_ids if j in listed or j.split("_")[0] in listed}  # -r: one line per array task
+        return {} if "invalid job id" in proc.stderr.lower() else dict.fromkeys(job_ids, "None")
+    listed = dict(line.split(" ", 1) if " " in line else (line, "None") for line in proc.stdout.splitlines())
+    return {j: listed.get(j, listed.get(j.split("_")[0], "None")) for j in job_ids
+            if j in listed or j.split("_")[0] in listed}
+
+
+# squeue reasons that no wait ends: the job asks for more than the partition, account or QOS allows
+NEVER = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
+         "InvalidQOS")
+
+
+def _never_runs(reason: str) -> bool:
+    return reason.startswith(NEVER) or (reason.startswith(("QOSMax", "AssocMax")) and "PerJob" in reason)
 
 
 def _mark_ended(job_dir: Path, status: str, error: str, experiment: str | None, overrides: list[str]) -> str:

@@ -21,7 +21,7 @@ from experiments.core.errors import UserError
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
-from experiments.core.runtime import resolve_dtype
+from experiments.core.runtime import launched_elsewhere, resolve_dtype
 from experiments.core.validation import require_positive
 from experiments.data.cache import cache_root
 from experiments.data.corpus import SOURCES, prepare, prepared_folder
@@ -192,6 +192,7 @@ def export_and_compare(ctx: RunContext, name: str, model: GPT, meta: dict, cache
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> None:
+    require_cuda(cfg, ctx.device.type == "cuda")  # also in a SLURM job, whose node the CLI could not check
     distributed.init()
     device = distributed.local_device(ctx.device)
     ctx.precision = precision(amp_dtype(cfg))  # run.json: what the training ran in
@@ -205,6 +206,14 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     for row in paper_comparisons(finals):  # only when the job trained the variants compared
         ctx.check(row["id"], row["ref"], row["description"], row["measured"], row["comparison"], row["tolerance"],
                   paper_value=row["paper_value"])
+
+
+def require_cuda(cfg: DictConfig, cuda: bool) -> None:
+    if cfg.require_gpu and not cuda:
+        tokens = cfg.train.steps * cfg.train.micro_batch * cfg.train.grad_accum * cfg.model.block_size
+        raise UserError(f"preset={cfg.get('preset')} trains on {tokens / 1e9:.3g}B tokens per variant and needs CUDA "
+                        f"GPUs (e.g. torchrun --nproc_per_node=8 -m cli.main run gpt_wq ...); none here. Use "
+                        f"preset=cpu, or require_gpu=false to insist")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -233,11 +242,8 @@ def validate(cfg: DictConfig) -> None:
                         f"divisible by the {world} ranks")
     if cfg.train.decay_steps is not None and cfg.train.decay_steps < cfg.train.warmup_steps:
         raise UserError(f"train.decay_steps={cfg.train.decay_steps} is shorter than the warmup")
-    if cfg.require_gpu and not torch.cuda.is_available():
-        tokens = cfg.train.steps * cfg.train.micro_batch * cfg.train.grad_accum * cfg.model.block_size
-        raise UserError(f"preset={cfg.get('preset')} trains on {tokens / 1e9:.3g}B tokens per variant and needs CUDA "
-                        f"GPUs (e.g. torchrun --nproc_per_node=8 -m cli.main run gpt_wq ...); none here. Use "
-                        f"preset=cpu, or require_gpu=false to insist")
+    if not launched_elsewhere(cfg):  # a SLURM job checks on its own node (run)
+        require_cuda(cfg, torch.cuda.is_available())
     if cfg.data == "openwebtext":
         folder = prepared_folder("openwebtext", str(cfg.tokenizer), cache_root(cfg.cache_dir))
         if not is_prepared(folder):

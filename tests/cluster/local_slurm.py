@@ -188,3 +188,37 @@ class LocalSlurm:
             if path.is_file() and path.read_text(errors="replace").strip():
                 return " | ".join(path.read_text(errors="replace").strip().splitlines()[-5:])
         return "(no log)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tests.cluster.local_slurm STATE_DIR`: start the cluster, say how to reach it, and stop it
+    (by its pids) on Ctrl-C or SIGTERM."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("state_dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        took = ensure_installed()
+        if took:
+            print(f"installed {' '.join(PACKAGES)} in {took:.0f} s", flush=True)
+        t0 = time.perf_counter()
+        cluster = LocalSlurm(args.state_dir).start()
+    except (Unavailable, RuntimeError) as why:
+        raise SystemExit(f"error: no local SLURM cluster: {why}") from None
+    pids = ", ".join(f"{name} {pid}" for name, pid in cluster.pids().items())
+    print(f"one-node SLURM cluster up in {time.perf_counter() - t0:.1f} s ({pids}); in another shell:\n"
+          f"  export SLURM_CONF={cluster.conf}\nCtrl-C stops the daemons.", flush=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background (`&`)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+        print("stopped", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -69,16 +69,28 @@ def test_a_failing_job_is_marked_failed_and_its_sibling_completes(slurm, tmp_pat
     _no_poll_noise(out)
 
 
-def test_sbatch_refusing_the_job_is_one_line_with_the_fix(slurm, tmp_path):
+def test_a_gpu_experiment_asks_for_a_gpu_and_the_refusal_is_one_line_with_the_fix(slurm, tmp_path):
+    """basis_transfer at its paper settings is a GPU job: it asks for one, and this cluster has none."""
     sweep = tmp_path / "sweep"
-    proc = _cli(slurm, "run", "linreg_icl", "-m", "hydra/launcher=slurm", *SMALL, "seed=0,1",
-                "hydra.launcher.gpus_per_node=1", f"hydra.sweep.dir={sweep}")
+    proc = _cli(slurm, "run", "basis_transfer", "-m", "hydra/launcher=slurm", "seed=0,1", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "sbatch refused" in lines[0] and "Invalid generic resource" in lines[0]
     assert "hydra.launcher.gpus_per_node=0" in lines[0]
     assert not sweep.exists()  # nothing half-written
+
+
+def test_a_job_that_can_never_start_is_cancelled_in_one_line(slurm, tmp_path):
+    """More CPUs than the node has: sbatch accepts it, squeue keeps it pending (PartitionConfig) forever."""
+    sweep = tmp_path / "sweep"
+    proc = _cli(slurm, "run", "linreg_icl", "-m", "hydra/launcher=slurm", *SMALL, "seed=0,1",
+                f"hydra.launcher.cpus_per_task={slurm.cpus + 1}", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "will never start" in lines[0] and "cpus_per_task" in lines[0], proc.stderr
+    assert slurm.run("squeue", "-h").stdout.strip() == ""  # cancelled, not left in the queue
+    assert not sweep.exists()
 
 
 def test_scancel_of_a_running_job_leaves_run_json_interrupted(slurm, tmp_path):

@@ -104,3 +104,22 @@ def test_sigterm_interrupts_a_run_under_submitits_bypass_handler():
         assert signal.getsignal(signal.SIGTERM) == bypass
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_login_node_without_cuda_can_submit_gpu_jobs_and_the_job_checks_its_own_node():
+    """The CLI's CUDA checks are about this machine; with hydra/launcher=slurm the jobs run on others."""
+    from cli.overrides import validate
+    from experiments.core.errors import UserError
+
+    with pytest.raises(UserError, match="needs CUDA"):
+        validate("gpt_wq", ["data=shakespeare"], multirun=True)
+    with pytest.raises(UserError, match="CUDA is not available"):
+        validate("linreg_icl", ["device=cuda"], multirun=True)
+    validate("gpt_wq", ["data=shakespeare", "hydra/launcher=slurm"], multirun=True)
+    validate("linreg_icl", ["device=cuda", "hydra/launcher=slurm"], multirun=True)
+    # in the job, on a node without CUDA, gpt_wq still refuses (run.json: failed, with this line)
+    from experiments.karbevski.gpt_wq import require_cuda
+
+    with pytest.raises(UserError, match="needs CUDA"):
+        require_cuda(_cfg("gpt_wq"), cuda=False)
+    require_cuda(_cfg("gpt_wq"), cuda=True)
