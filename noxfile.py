@@ -8,6 +8,7 @@ session below (one torch install, not one per session), so that afterwards
     nox -s lint         # ruff (its own small environment)
     nox -s smoke        # every registered experiment at preset=smoke through the CLI
     nox -s report_browser  # two experiments, the report, and a headless-Chromium screenshot of it
+    nox -s cluster      # a one-node SLURM cluster here (root, apt), sweeps through hydra/launcher=slurm
 
 On a machine without an NVIDIA GPU the set-up installs the CPU build of torch first, so pip never
 downloads CUDA wheels; with a GPU it installs the default (CUDA) build.
@@ -16,6 +17,7 @@ downloads CUDA wheels; with a GPU it installs the default (CUDA) build.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,18 +63,51 @@ class SharedEnv:
 
 
 def install_torch(env: SharedEnv) -> None:
-    if env.has(f"import torch, sys; sys.exit(torch.__version__.split('+')[0] != '{TORCH_VERSION}')"):
-        return  # already there (a re-run, or another session set it up)
-    if shutil.which("nvidia-smi"):
-        env.pip(f"torch=={TORCH_VERSION}")
-        return
-    # CPU build. A CPU wheel already on this machine (pip's find-links) is taken as is: its
-    # "+cpu" local version sorts above the registry's CUDA build. Otherwise PyTorch's CPU-only
-    # index serves it (and PyPI the rest).
-    if _local_wheel_available(env, f"torch=={TORCH_VERSION}"):
-        env.pip(f"torch=={TORCH_VERSION}")
-    else:
-        env.pip(f"torch=={TORCH_VERSION}", "--index-url", TORCH_CPU_INDEX, "--extra-index-url", "https://pypi.org/simple")
+    """torch alone from where it must come, everything else from the user's pip configuration (pip.conf,
+    PIP_INDEX_URL: a mirror is honoured, no registry URL is written here). On a GPU machine, a torch that
+    cannot use the GPU is refused in one line that says how to fix it."""
+    gpu = shutil.which("nvidia-smi") is not None
+    if not env.has(f"import torch, sys; sys.exit(torch.__version__.split('+')[0] != '{TORCH_VERSION}')"):
+        if gpu:
+            env.pip(f"torch=={TORCH_VERSION}")  # the configured index's default build is the CUDA one
+        elif _local_wheel_available(env, f"torch=={TORCH_VERSION}"):
+            # A CPU wheel already on this machine (pip's find-links) is taken as is: its "+cpu" local
+            # version sorts above the registry's CUDA build.
+            env.pip(f"torch=={TORCH_VERSION}")
+        else:
+            # torch alone from PyTorch's CPU-only index (no CUDA wheels); then its dependencies, which
+            # that index may not mirror, from the configured one (torch==X is met by X+cpu)
+            env.pip(f"torch=={TORCH_VERSION}", "--no-deps", "--index-url", TORCH_CPU_INDEX)
+            env.pip(f"torch=={TORCH_VERSION}")
+    if gpu:
+        problem = torch_gpu_problem(env)
+        if problem:
+            env.session.error(problem)
+
+
+def torch_gpu_problem(env: SharedEnv) -> str | None:
+    """None when the torch in .venv sees the GPU that nvidia-smi reports; else one line with the fix (a
+    "+cpu" build kept from before, or a CUDA build needing a newer driver: `device=auto` would quietly run
+    on the CPU)."""
+    if env.has("import torch, sys; sys.exit(not torch.cuda.is_available())"):
+        return None
+    build = env.output("-c", "import torch; print(torch.__version__, torch.version.cuda or 'no CUDA')").strip()
+    driver = _driver_cuda()
+    index = f"{TORCH_CPU_INDEX.rsplit('/', 1)[0]}/cu{driver.replace('.', '')}" if driver else None
+    fix = (f"{env.python} -m pip install --force-reinstall --no-deps torch=={TORCH_VERSION} --index-url {index}"
+           if index else f"{env.python} -m pip install --force-reinstall --no-deps torch=={TORCH_VERSION}")
+    return (f"nvidia-smi reports a GPU (driver: CUDA {driver or '?'}) but torch {build} in .venv cannot use it "
+            f"(torch.cuda.is_available() is False); fix: {fix}")
+
+
+def _driver_cuda() -> str | None:
+    """The newest CUDA the driver supports, from nvidia-smi's header ("CUDA Version: 12.4")."""
+    try:
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", out)
+    return f"{found.group(1)}.{found.group(2)}" if found else None
 
 
 def _local_wheel_available(env: SharedEnv, requirement: str) -> bool:
@@ -141,6 +176,25 @@ def report_browser(session: nox.Session) -> None:
     env.run("python", "-c", "import sys; from experiments.core.report import screenshot_html as s; "
             "print(s(sys.argv[1], sys.argv[2]))", str(out / "results" / "report.html"), str(out / "report.png"))
     session.log(f"look at {out / 'report.png'} (and open {out / 'results' / 'report.html'})")
+
+
+@nox.session(venv_backend="none")
+def cluster(session: nox.Session) -> None:
+    """SLURM for real: apt-get install slurm-wlm munge when absent (root), a one-node cluster on this machine
+    (tests/cluster/slurm.conf; munged, slurmctld, slurmd, stopped by their pids at the end), and sweeps
+    through `hydra/launcher=slurm`: one that completes, one with a failing job, an sbatch refusal, a
+    scancel, gpt_wq as two ranks under srun + torchrun. The same tests run in `nox -s tests`."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from tests.cluster.local_slurm import Unavailable, ensure_installed
+
+    try:
+        took = ensure_installed(log=session.log)
+    except Unavailable as why:
+        session.error(f"no local SLURM cluster: {why}")
+    if took:
+        session.log(f"SLURM installed in {took:.0f} s")
+    env = install(session, "test,joblib,slurm")
+    env.run("python", "-m", "pytest", "-v", "-ra", "--durations=0", "tests/cluster", *session.posargs)
 
 
 @nox.session

@@ -53,7 +53,7 @@ def bench(cfg: GPTConfig, batch: int, steps: int, warmup: int, device: torch.dev
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with autocast(device):
+        with autocast(device, torch.bfloat16 if device.type == "cuda" else None):
             _, loss = run(x[:, :-1], x[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

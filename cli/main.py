@@ -52,12 +52,18 @@ def run(
     `hydra.run.dir=...`, `hydra.sweep.dir=...` and `--cfg job` work as in any Hydra app.
     """
     from cli.overrides import check_writable, validate
-    from experiments.core.distributed import agree_across_ranks, hydra_overrides_for_rank, is_main_process
+    from experiments.core.distributed import (
+        agree_across_ranks,
+        check_gpu_count,
+        hydra_overrides_for_rank,
+        is_main_process,
+    )
     from experiments.core.errors import UserError
 
     overrides = list(ctx.args)
     try:
-        validate(name, overrides, multirun=multirun)
+        cfg = validate(name, overrides, multirun=multirun)
+        check_gpu_count(cfg.get("device", "auto"))  # under torchrun: a GPU per rank, said once, before anything
         dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
         if given:

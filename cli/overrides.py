@@ -24,7 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from experiments.core import registry
 from experiments.core.errors import UserError
-from experiments.core.runtime import DEVICES, DTYPES, resolve_device
+from experiments.core.runtime import DEVICES, DTYPES, launched_elsewhere, resolve_device
 
 MAX_COMBINATIONS_CHECKED = 64
 
@@ -109,7 +109,7 @@ def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig, free
     device = str(cfg.get("device", "auto")).lower()
     if device not in DEVICES and not device.startswith("cuda:"):
         raise UserError(f"device={cfg.device!r} is not one of {', '.join(DEVICES)}")
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and not launched_elsewhere(cfg):
         resolve_device(device)  # CUDA asked for on a machine without it: say so before any run folder
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from experiments.core.errors import UserError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -100,9 +102,38 @@ def local_device(device: torch.device) -> torch.device:
     """This rank's device: cuda:LOCAL_RANK under torchrun, the given device otherwise."""
     me = info()
     if device.type == "cuda" and me.distributed:
+        if me.local_rank >= torch.cuda.device_count():  # the CLI says it before any rank starts (check_gpu_count)
+            raise UserError(_too_few_gpus(torch.cuda.device_count()))
         device = torch.device("cuda", me.local_rank)
         torch.cuda.set_device(device)
     return device
+
+
+def _local_world_size() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", info().world_size))
+
+
+def _too_few_gpus(gpus: int) -> str:
+    n = _local_world_size()
+    return (f"torchrun --nproc_per_node={n} on a machine with {gpus} GPU{'s' if gpus != 1 else ''}: each rank "
+            f"takes cuda:LOCAL_RANK; use --nproc_per_node={max(gpus, 1)}, or device=cpu")
+
+
+def check_gpu_count(device: str) -> None:
+    """Before a torchrun launch does anything: every rank on this node needs a GPU of its own when the run
+    is on CUDA (else rank N dies on cuda:N with "invalid device ordinal"). Every rank decides the same;
+    rank 0 says it in one line (UserError), the others leave quietly with exit status 2."""
+    me = info()
+    device = str(device).lower()
+    if not me.distributed or device == "cpu" or not torch.cuda.is_available():
+        return  # device=cuda without CUDA at all is resolve_device's error
+    if not (device == "auto" or device.startswith("cuda")):
+        return
+    gpus = torch.cuda.device_count()
+    if _local_world_size() > gpus:
+        if me.is_main:
+            raise UserError(_too_few_gpus(gpus))
+        raise SystemExit(2)
 
 
 def agree(value):

@@ -53,6 +53,7 @@ class RunContext:
     run_id: str
     device: Any = None  # torch.device the run uses (resolved from cfg.device)
     dtype: Any = None  # torch.dtype the run uses (resolved from cfg.dtype)
+    precision: str | None = None  # what ran, when it is more than `dtype` says (e.g. "bfloat16 autocast, ...")
     flush_every_s: float = 10.0
     _rows: list[dict[str, Any]] = field(default_factory=list)
     _claims: list[dict[str, Any]] = field(default_factory=list)

@@ -42,12 +42,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's time limit, joblib stopping a worker): the run is interrupted, not failed."""
 
 
+def _submitit_bypass(handler) -> bool:
+    """submitit's SIGTERM handler in a SLURM job: it only logs "Bypassing signal SIGTERM" (submitit
+    checkpoints on SIGUSR2), so `scancel` would leave the run going until SLURM's SIGKILL."""
+    return getattr(handler, "__qualname__", "") == "SignalHandler.bypass" and \
+        getattr(handler, "__module__", "").startswith("submitit")
+
+
 @contextmanager
 def _sigterm_interrupts():
     """Turn SIGTERM into Terminated while a run is going, so run.json gets to say `interrupted`.
-    Only where nobody else handles SIGTERM (submitit, for one, installs its own)."""
+    Only where nobody else handles SIGTERM, or where submitit's handler would ignore it (scancel)."""
+    previous = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            not (previous is signal.SIG_DFL or _submitit_bypass(previous)):
         yield
         return
 
@@ -58,7 +66,7 @@ def _sigterm_interrupts():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_from_hydra(cfg: DictConfig) -> None:
@@ -123,11 +131,13 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
         try:
             ctx.flush()  # keep what was measured
         finally:
+            _record_precision(record, ctx)
             record.update(status="interrupted" if interrupted else "failed", end=_now(),
                           wall_time_s=round(time.perf_counter() - t0, 3),
                           error=_one_line(err), stopped_at=progress.last_progress())
             write_json_atomic(run_json, record)
         raise
+    _record_precision(record, ctx)
     record.update(status="complete", end=_now(), wall_time_s=round(time.perf_counter() - t0, 3))
     claims = ctx.claims()
     record["claims_passed"] = int(claims["passed"].sum())
@@ -138,6 +148,11 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     for line in run_summary(run_dir, claims, record["wall_time_s"], preset):
         log.info("%s", line)
     return ctx
+
+
+def _record_precision(record: dict, ctx: RunContext) -> None:
+    """run.json's `precision`: what the experiment says ran (mixed precision), else the dtype itself."""
+    record["precision"] = ctx.precision or record.get("dtype")
 
 
 def _one_line(err: BaseException) -> str:

@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from experiments.core.errors import UserError
 
@@ -45,6 +46,14 @@ def resolve_device(name: str) -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
     raise UserError(f"device={name!r} is not one of {', '.join(DEVICES)}")
+
+
+def launched_elsewhere(cfg) -> bool:
+    """The jobs run on other machines (hydra/launcher=slurm): whether this one (a login node) has CUDA says
+    nothing about theirs, so checks of this machine's devices wait for the job (config composed with
+    Hydra's own node, as the CLI's checks compose it)."""
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    return str(choices.get("hydra/launcher", "")) == "slurm"
 
 
 def describe_device(device: torch.device) -> str:

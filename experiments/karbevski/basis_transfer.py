@@ -8,10 +8,16 @@ squared error with AdamW (lr 5e-3, cosine decay, weight decay 0.1, gradient clip
 (λ = 1e-6, 500 000 samples). Measured on a fixed held-out set: relative L2 error ‖Y′ − Y‖/‖Y‖
 (Fig. 2 left) and mean cosine distance 1 − cos(Y′, Y) (Fig. 2 right); the untrained MLP is the
 control that training did something.
+
+dtype=bfloat16 / float16 is mixed precision, as on a GPU it should be: weights, optimizer state, data,
+target and the ridge fit stay float32; the MLP's forward runs under autocast, the loss is reduced in
+float32 (in float16, Σ‖Y‖² over a 65 536 × 256 batch is inf) and float16 gradients are loss-scaled
+(GradScaler), so AdamW's eps and small updates do not round to zero.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -56,31 +62,59 @@ def fit_linear(target: BasisTarget, h: int, cfg: DictConfig, generator, device, 
 
 
 @torch.no_grad()
-def evaluate(predict, target: BasisTarget, x_test: torch.Tensor, chunk: int) -> dict:
+def evaluate(predict, target: BasisTarget, x_test: torch.Tensor, chunk: int, amp: torch.dtype | None = None) -> dict:
+    """Held-out errors; `amp` runs the prediction (not the target) under autocast, as in training."""
     err = ref = cos = 0.0
     for x in x_test.split(chunk):
-        y, p = target(x), predict(x)
+        y = target(x)
+        with autocast(x.device, amp):
+            p = predict(x)
         err += (p - y).double().pow(2).sum().item()
         ref += y.double().pow(2).sum().item()
         cos += mean_cosine_distance(p.double(), y.double()).item() * len(x)
     return {"rel_l2": math.sqrt(err / ref), "cosine_distance": cos / len(x_test)}
 
 
-def train(target: BasisTarget, h: int, cfg: DictConfig, generator, device, dtype, ctx: RunContext) -> SkipGeluMLP:
+def amp_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """The autocast dtype of a mixed-precision run (bfloat16, float16); None for float32 / float64."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else None
+
+
+def precision(dtype: torch.dtype) -> str:
+    """What run.json records as the precision that ran."""
+    amp = amp_dtype(dtype)
+    if amp is None:
+        return str(dtype).removeprefix("torch.")
+    scaler = " + loss scaling" if amp == torch.float16 else ""
+    return f"{str(amp).removeprefix('torch.')} autocast, float32 weights{scaler}"
+
+
+def autocast(device, amp: torch.dtype | None):
+    return torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+
+
+def train(target: BasisTarget, h: int, cfg: DictConfig, generator, device, dtype, ctx: RunContext,
+          amp: torch.dtype | None = None) -> SkipGeluMLP:
+    """`dtype` is the weights' and the data's; `amp` (bfloat16 / float16) runs the forward under autocast."""
     model = SkipGeluMLP(h, cfg.mult).to(device, dtype)
     t = cfg.train
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=t.steps)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     with progress(t.steps, f"basis_transfer h={h}") as bar:
         for step in range(1, t.steps + 1):
             x = _sample(t.batch, h, generator, device, dtype)
             with torch.no_grad():
                 y = target(x)
-            loss = relative_sq_error(model(x), y)
+            with autocast(device, amp):
+                pred = model(x)
+            loss = relative_sq_error(pred.to(y.dtype), y)  # reduced in the data's precision, never in float16
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
-            opt.step()
+            scaler.step(opt)
+            scaler.update()
             schedule.step()
             if step % t.log_every == 0 or step == t.steps:
                 ctx.log("train_rel_sq_error", loss.item(), h=h, step=step)
@@ -107,8 +141,10 @@ def expected_seconds(cfg: DictConfig, device, dtype) -> float:
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> None:
-    device, dtype = ctx.device, ctx.dtype
-    eta = expected_seconds(cfg, device, dtype)
+    device, amp = ctx.device, amp_dtype(ctx.dtype)
+    dtype = torch.float32 if amp is not None else ctx.dtype  # weights and data: float32 under mixed precision
+    ctx.precision = precision(ctx.dtype)
+    eta = expected_seconds(cfg, device, amp or dtype)
     ctx.log("expected_seconds", eta)
     if device.type == "cpu" and eta > cfg.warn_after_s:
         log.warning("basis_transfer at these sizes on CPU: expect about %.1f hours here (preset=%s). It needs a "
@@ -125,11 +161,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
         ctx.log("ridge_seconds", time.perf_counter() - t0, h=h)
         init = SkipGeluMLP(h, cfg.mult).to(device, dtype)
         results = {"linear": evaluate(a_star.__rmatmul__, target, x_test, cfg.chunk),  # x ↦ x A*
-                   "mlp_init": evaluate(init, target, x_test, cfg.chunk)}
+                   "mlp_init": evaluate(init, target, x_test, cfg.chunk, amp)}  # the MLPs as they are trained
         t0 = time.perf_counter()
-        model = train(target, h, cfg, gen, device, dtype, ctx)
+        model = train(target, h, cfg, gen, device, dtype, ctx, amp)
         ctx.log("train_seconds", time.perf_counter() - t0, h=h)
-        results["mlp"] = evaluate(model.eval(), target, x_test, cfg.chunk)
+        results["mlp"] = evaluate(model.eval(), target, x_test, cfg.chunk, amp)
         for name, r in results.items():
             ctx.log("rel_l2", r["rel_l2"], model=name, h=h)
             ctx.log("cosine_distance", r["cosine_distance"], model=name, h=h)

@@ -21,6 +21,7 @@ from experiments.core.errors import UserError
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
+from experiments.core.runtime import launched_elsewhere, resolve_dtype
 from experiments.core.validation import require_positive
 from experiments.data.cache import cache_root
 from experiments.data.corpus import SOURCES, prepare, prepared_folder
@@ -31,7 +32,7 @@ from experiments.karbevski.gpt.comparisons import paper_comparisons
 from experiments.karbevski.gpt.model import GPT, GPTConfig
 from experiments.karbevski.gpt.params import count_formula, count_meta
 from experiments.karbevski.gpt.plots import plot
-from experiments.karbevski.gpt.train import LoopState, TrainSettings, make_optimizer, train
+from experiments.karbevski.gpt.train import LoopState, TrainSettings, make_optimizer, precision, train
 from experiments.karbevski.gpt.variants import VARIANTS, model_config
 
 REF = "Karbevski & Mijoski §5.1, Table 2"
@@ -57,7 +58,13 @@ def settings(cfg: DictConfig, variant_name: str) -> TrainSettings:
                          decay_steps=int(t.decay_steps or t.steps), weight_decay=wd, beta1=float(t.beta1),
                          beta2=float(t.beta2), grad_clip=float(t.grad_clip), eval_every=int(t.eval_every),
                          eval_batch=int(t.eval_batch), log_every=int(t.log_every),
-                         checkpoint_every=int(t.checkpoint_every), seed=int(cfg.seed), compile=bool(t.compile))
+                         checkpoint_every=int(t.checkpoint_every), seed=int(cfg.seed), compile=bool(t.compile),
+                         amp=amp_dtype(cfg))
+
+
+def amp_dtype(cfg: DictConfig) -> torch.dtype | None:
+    """dtype=bfloat16: bf16 autocast over float32 weights (the paper's mixed precision); float32: none."""
+    return torch.bfloat16 if resolve_dtype(cfg.get("dtype", "float32")) == torch.bfloat16 else None
 
 
 def data_key(cfg: DictConfig) -> str:
@@ -185,8 +192,10 @@ def export_and_compare(ctx: RunContext, name: str, model: GPT, meta: dict, cache
 
 
 def run(cfg: DictConfig, ctx: RunContext) -> None:
+    require_cuda(cfg, ctx.device.type == "cuda")  # also in a SLURM job, whose node the CLI could not check
     distributed.init()
     device = distributed.local_device(ctx.device)
+    ctx.precision = precision(amp_dtype(cfg))  # run.json: what the training ran in
     data = load_data(cfg)
     if data[2]["tokenizer"] != cfg.tokenizer:
         raise UserError(f"prepared data uses tokenizer {data[2]['tokenizer']}, not {cfg.tokenizer}")
@@ -199,9 +208,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
                   paper_value=row["paper_value"])
 
 
+def require_cuda(cfg: DictConfig, cuda: bool) -> None:
+    if cfg.require_gpu and not cuda:
+        tokens = cfg.train.steps * cfg.train.micro_batch * cfg.train.grad_accum * cfg.model.block_size
+        raise UserError(f"preset={cfg.get('preset')} trains on {tokens / 1e9:.3g}B tokens per variant and needs CUDA "
+                        f"GPUs (e.g. torchrun --nproc_per_node=8 -m cli.main run gpt_wq ...); none here. Use "
+                        f"preset=cpu, or require_gpu=false to insist")
+
+
 def validate(cfg: DictConfig) -> None:
     if cfg.variant != "all" and cfg.variant not in VARIANTS:
         raise UserError(f"variant={cfg.variant} is not one of {', '.join(VARIANTS)}, all")
+    if resolve_dtype(cfg.get("dtype", "float32")) not in (torch.float32, torch.bfloat16):
+        raise UserError(f"gpt_wq trains in dtype=float32 or dtype=bfloat16 (autocast over float32 weights, the "
+                        f"paper's), not dtype={cfg.dtype}: float16 would need loss scaling")
     require_positive(cfg, "model.n_layer", "model.n_head", "model.d_model", "model.block_size", "model.vocab_size",
                      "train.micro_batch", "train.grad_accum", "train.eval_every", "train.log_every",
                      "train.checkpoint_every", "train.val_windows", "train.eval_batch")
@@ -222,11 +242,8 @@ def validate(cfg: DictConfig) -> None:
                         f"divisible by the {world} ranks")
     if cfg.train.decay_steps is not None and cfg.train.decay_steps < cfg.train.warmup_steps:
         raise UserError(f"train.decay_steps={cfg.train.decay_steps} is shorter than the warmup")
-    if cfg.require_gpu and not torch.cuda.is_available():
-        tokens = cfg.train.steps * cfg.train.micro_batch * cfg.train.grad_accum * cfg.model.block_size
-        raise UserError(f"preset={cfg.get('preset')} trains on {tokens / 1e9:.3g}B tokens per variant and needs CUDA "
-                        f"GPUs (e.g. torchrun --nproc_per_node=8 -m cli.main run gpt_wq ...); none here. Use "
-                        f"preset=cpu, or require_gpu=false to insist")
+    if not launched_elsewhere(cfg):  # a SLURM job checks on its own node (run)
+        require_cuda(cfg, torch.cuda.is_available())
     if cfg.data == "openwebtext":
         folder = prepared_folder("openwebtext", str(cfg.tokenizer), cache_root(cfg.cache_dir))
         if not is_prepared(folder):

@@ -33,8 +33,17 @@ def multiplier_equation(gm_sq: Tensor, m_sq: Tensor, mu: float) -> float:
     return float((gm_sq / (m_sq - mu).square()).mean()) - 1.0
 
 
-def rms_multiplier(g: Tensor, m: Tensor) -> tuple[float, bool]:
-    """(μ, no_root): the root of F on (−∞, min m²) by bisection in float64, or (min m², True)."""
+# On CUDA the bisection steps run on the device between two looks from the host (one synchronization per
+# chunk, not per step): a root of ordinary size needs about 60 steps; steps after convergence change nothing.
+# On the CPU reading a scalar costs nothing, and the plain loop is ten times faster than the chunked one.
+BISECTION_CHUNK = 96
+DOUBLINGS = 64  # candidate lower ends top − step·2^j, j < DOUBLINGS, tried at once
+
+
+def rms_multiplier(g: Tensor, m: Tensor, chunked: bool | None = None) -> tuple[float, bool]:
+    """(μ, no_root): the root of F on (−∞, min m²) by bisection in float64, or (min m², True).
+    `chunked` (default: on CUDA) runs the steps in chunks without reading back in between; the steps are
+    those of the plain loop, so μ is the same to the last bit."""
     g, m = g.double(), m.double()
     gm_sq, m_sq = (g * m).square(), m.square()
     top = float(m_sq.min())
@@ -42,22 +51,52 @@ def rms_multiplier(g: Tensor, m: Tensor) -> tuple[float, bool]:
     f_top = multiplier_equation(gm_sq, m_sq, below_top)
     if not f_top >= 0.0:  # F < 0 (or nan) up to the boundary: no root in I
         return top, True
-    step = max(1.0, abs(top))
-    lo = top - step
-    while multiplier_equation(gm_sq, m_sq, lo) >= 0.0:  # F → −1 at −∞: this ends
-        step *= 2.0
-        lo = top - step
-    hi = below_top  # invariant: F(lo) < 0 <= F(hi)
+    lo = _lower_end(gm_sq, m_sq, top)
+    bisect = _bisect_in_chunks if (g.is_cuda if chunked is None else chunked) else _bisect
+    lo, hi = bisect(gm_sq, m_sq, lo, below_top)  # invariant: F(lo) < 0 <= F(hi)
+    f_lo, f_hi = multiplier_equation(gm_sq, m_sq, lo), multiplier_equation(gm_sq, m_sq, hi)
+    return (lo if abs(f_lo) < abs(f_hi) else hi), False
+
+
+def _bisect(gm_sq: Tensor, m_sq: Tensor, lo: float, hi: float) -> tuple[float, float]:
     while True:
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi:  # adjacent floats: as close as float64 gets
-            break
+            return lo, hi
         if multiplier_equation(gm_sq, m_sq, mid) < 0.0:
             lo = mid
         else:
             hi = mid
-    f_lo, f_hi = multiplier_equation(gm_sq, m_sq, lo), multiplier_equation(gm_sq, m_sq, hi)
-    return (lo if abs(f_lo) < abs(f_hi) else hi), False
+
+
+def _bisect_in_chunks(gm_sq: Tensor, m_sq: Tensor, lo: float, hi: float) -> tuple[float, float]:
+    """The steps of `_bisect` on the device, BISECTION_CHUNK at a time, the host looking only in between."""
+    lo_t, hi_t = (torch.tensor(x, dtype=torch.float64, device=m_sq.device) for x in (lo, hi))
+    while True:
+        for _ in range(BISECTION_CHUNK):
+            mid = 0.5 * (lo_t + hi_t)
+            moving = (mid > lo_t) & (mid < hi_t)  # else adjacent floats: this step changes nothing
+            below = (gm_sq / (m_sq - mid).square()).mean() - 1.0 < 0.0
+            lo_t = torch.where(moving & below, mid, lo_t)
+            hi_t = torch.where(moving & ~below, mid, hi_t)
+        lo, hi = float(lo_t), float(hi_t)
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            return lo, hi
+
+
+def _lower_end(gm_sq: Tensor, m_sq: Tensor, top: float) -> float:
+    """The first of top − step, top − 2·step, top − 4·step, ... where F < 0 (F → −1 at −∞), all tried in one
+    evaluation."""
+    step = max(1.0, abs(top))
+    candidates = top - step * 2.0 ** torch.arange(DOUBLINGS, dtype=torch.float64, device=m_sq.device)
+    negative = ((gm_sq / (m_sq - candidates[:, None]).square()).mean(-1) - 1.0 < 0.0).nonzero()
+    if len(negative):
+        return float(candidates[negative[0, 0]])
+    step *= 2.0 ** DOUBLINGS  # |g·m| beyond 2^64·step: go on one at a time
+    while multiplier_equation(gm_sq, m_sq, top - step) >= 0.0:
+        step *= 2.0
+    return top - step
 
 
 def unit_rms_minimizer(g: Tensor, m: Tensor) -> tuple[Tensor, bool]:

@@ -79,8 +79,16 @@ def coupled_sampler(generator: torch.Generator, temperature: float) -> Callable[
     return sample
 
 
+def _now() -> float:
+    """The clock once the GPU has done what was queued: CUDA kernels run asynchronously, so without the
+    synchronize a timer counts launches and the queued work lands in the next timer."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 def _ms(t0: float) -> float:
-    return 1000.0 * (time.perf_counter() - t0)
+    return 1000.0 * (_now() - t0)
 
 
 def _prefill_context(patcher: Patcher, inputs: dict) -> tuple[object, Tensor]:
@@ -101,14 +109,14 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
     ids = inputs["input_ids"]
     cache, query = _prefill_context(patcher, inputs)
     for step in range(max_new_tokens):
-        t0 = time.perf_counter()
+        t0 = _now()
         context, caps, cache = patcher.context_step({"input_ids": query}, cache)
         baseline_ms = _ms(t0)
-        t0 = time.perf_counter()
+        t0 = _now()
         keep = {} if stock_at(step) else None
         patched = patcher.patched_pass(query, caps, keep=keep)
         patch_ms = _ms(t0)
-        t0 = time.perf_counter()
+        t0 = _now()
         ctrl = patcher.control_logits(query) if control else None
         control_ms = _ms(t0) if control else 0.0
         stock = patcher.stock_logits(query, keep) if keep is not None else None
@@ -143,10 +151,10 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
     ids = inputs["input_ids"]
     cache, query = _prefill_context(patcher, inputs)
     for step in range(max_new_tokens):
-        t0 = time.perf_counter()
+        t0 = _now()
         _, caps, cache = patcher.context_step({"input_ids": query}, cache, logits=False)
         context_ms = _ms(t0)
-        t0 = time.perf_counter()
+        t0 = _now()
         token = choose(patcher.patched_pass(query, caps).logits)
         patch_ms = _ms(t0)
         yield GeneratedToken(step, token, context_ms, patch_ms)

@@ -50,3 +50,89 @@ def test_cpu_torch_never_cuda_wheels_without_a_gpu():
 def test_ci_runs_the_readme_test_session():
     ci = (REPO_ROOT / ".ci" / "run").read_text()
     assert "nox -s lint tests" in ci
+
+
+# -- install_torch, run with a stand-in for nox and for the .venv (nothing is installed) -------------------
+
+def _noxfile(monkeypatch):
+    """noxfile.py imported with a stub `nox` (nox itself lives outside .venv)."""
+    import importlib.util
+    import sys
+    import types
+
+    stub = types.ModuleType("nox")
+    stub.options = types.SimpleNamespace()
+    stub.Session = object
+    stub.session = lambda *a, **k: a[0] if a and callable(a[0]) else (lambda f: f)
+    monkeypatch.setitem(sys.modules, "nox", stub)
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", REPO_ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Refused(Exception):
+    pass
+
+
+class _FakeEnv:
+    """A .venv that has torch or not, whose torch sees CUDA or not; records the pip calls."""
+
+    def __init__(self, has_torch: bool, cuda: bool, build: str = "2.13.0+cpu no CUDA"):
+        self.has_torch, self.cuda, self.build = has_torch, cuda, build
+        self.python = "/x/.venv/bin/python"
+        self.pips: list[tuple[str, ...]] = []
+        self.session = self
+
+    def error(self, message):
+        raise _Refused(message)
+
+    def has(self, code: str) -> bool:
+        return self.cuda if "cuda.is_available" in code else self.has_torch
+
+    def pip(self, *args: str) -> None:
+        self.pips.append(args)
+        self.has_torch = True
+
+    def output(self, *args: str) -> str:
+        return self.build
+
+
+def _machine(monkeypatch, nox_module, gpu: bool, local_wheel: bool = False, driver: str = "12.4"):
+    monkeypatch.setattr(nox_module.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if gpu else None)
+    monkeypatch.setattr(nox_module, "_local_wheel_available", lambda env, req: local_wheel)
+    monkeypatch.setattr(nox_module, "_driver_cuda", lambda: driver)
+
+
+def test_cpu_torch_comes_alone_from_the_cpu_index_and_the_rest_from_the_users_index(monkeypatch):
+    nf = _noxfile(monkeypatch)
+    _machine(monkeypatch, nf, gpu=False)
+    env = _FakeEnv(has_torch=False, cuda=False)
+    nf.install_torch(env)
+    pin = f"torch=={nf.TORCH_VERSION}"
+    assert env.pips == [(pin, "--no-deps", "--index-url", nf.TORCH_CPU_INDEX), (pin,)]
+    # no registry hard-coded: pip.conf / PIP_INDEX_URL decide where everything but torch comes from
+    assert "pypi.org" not in (REPO_ROOT / "noxfile.py").read_text()
+
+
+def test_a_gpu_machine_refuses_a_torch_that_cannot_use_the_gpu_with_the_fix_in_one_line(monkeypatch):
+    nf = _noxfile(monkeypatch)
+    _machine(monkeypatch, nf, gpu=True)
+    env = _FakeEnv(has_torch=True, cuda=False)  # a +cpu torch kept in .venv from before
+    try:
+        nf.install_torch(env)
+    except _Refused as err:
+        line = str(err)
+    else:
+        raise AssertionError("a CPU torch on a GPU machine was accepted")
+    assert "\n" not in line and "2.13.0+cpu" in line and "CUDA 12.4" in line
+    assert line.endswith(f"pip install --force-reinstall --no-deps torch=={nf.TORCH_VERSION} "
+                         f"--index-url https://download.pytorch.org/whl/cu124")
+
+
+def test_a_gpu_machine_with_a_working_cuda_torch_installs_the_default_build_and_passes(monkeypatch):
+    nf = _noxfile(monkeypatch)
+    _machine(monkeypatch, nf, gpu=True)
+    env = _FakeEnv(has_torch=False, cuda=True)
+    nf.install_torch(env)
+    assert env.pips == [(f"torch=={nf.TORCH_VERSION}",)]  # from the configured index: its CUDA build

@@ -1,7 +1,8 @@
 """The training loop, a plain loop as in nanoGPT's train.py: AdamW (β = 0.9, 0.95), linear warmup then
 cosine decay to min_lr over `decay_steps` (which may be longer than the run: the authors decay over 600k
-steps and stop at 100k), gradient clipping, gradient accumulation, bfloat16 autocast on CUDA, optional
-torch.compile, DDP when torchrun started us, periodic validation on fixed windows, checkpoints.
+steps and stop at 100k), gradient clipping, gradient accumulation, bfloat16 autocast when the run's dtype
+is bfloat16 (float32 weights and optimizer state; the paper's mixed precision), optional torch.compile,
+DDP when torchrun started us, periodic validation on fixed windows, checkpoints.
 
 Batches are a pure function of (seed, step, global micro-batch index) (data.token_bins.random_batch), so
 a resumed run sees the batches the uninterrupted run would have, and N ranks with A accumulation steps
@@ -44,6 +45,7 @@ class TrainSettings:
     checkpoint_every: int = 1000
     seed: int = 0
     compile: bool = False
+    amp: torch.dtype | None = None  # bfloat16: autocast (float32 weights); None: float32 throughout
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -61,16 +63,22 @@ def make_optimizer(model: nn.Module, s: TrainSettings, device: torch.device) -> 
                              fused=device.type == "cuda")
 
 
-def autocast(device: torch.device):
-    """bfloat16 autocast on CUDA (the paper's mixed precision); plain float32 on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def autocast(device: torch.device, amp: torch.dtype | None):
+    """Autocast to `amp` (bfloat16: the paper's mixed precision) on CUDA as on CPU; None: plain float32,
+    also on CUDA (the run's dtype says which, and run.json records it)."""
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=amp)
+
+
+def precision(amp: torch.dtype | None) -> str:
+    """What run.json records as the precision that ran."""
+    return "float32" if amp is None else f"{str(amp).removeprefix('torch.')} autocast, float32 weights"
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, val: np.ndarray, starts: np.ndarray, block_size: int, batch: int,
-             device: torch.device) -> float:
+             device: torch.device, amp: torch.dtype | None = None) -> float:
     """Mean next-token loss over the fixed validation windows (each rank scores its share)."""
     me = distributed.info()
     mine = starts[me.rank :: me.world_size]
@@ -79,7 +87,7 @@ def evaluate(model: nn.Module, val: np.ndarray, starts: np.ndarray, block_size: 
     total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, window count
     for i in range(0, len(mine), batch):
         x, y = windows_to_batch(val, mine[i : i + batch], block_size)
-        with autocast(device):
+        with autocast(device, amp):
             _, loss = model(x.to(device), y.to(device))
         total += torch.tensor([loss.item() * len(x), len(x)], dtype=torch.float64, device=device)
     model.train(was_training)
@@ -108,14 +116,17 @@ def train(model: nn.Module, optimizer, s: TrainSettings, train_data: np.ndarray,
     model.train()
 
     def val_point(step: int) -> None:
-        log("val_loss", evaluate(model, val_data, val_starts, block_size, s.eval_batch, device), step)
+        log("val_loss", evaluate(model, val_data, val_starts, block_size, s.eval_batch, device, s.amp), step)
 
     if state.step == 0:
         val_point(0)
-    t_window, steps_window = time.perf_counter(), 0
-    step = state.step
+    # tokens_per_s counts training steps only: not evaluation, checkpoints, or the first step of a compiled
+    # model (compilation); on CUDA the clock stops after the step's queued work
+    train_s, steps_window = 0.0, 0
+    step = first = state.step
     try:
         while step < s.steps:
+            t_step = time.perf_counter()
             lr = lr_at(step, s)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -127,26 +138,28 @@ def train(model: nn.Module, optimizer, s: TrainSettings, train_data: np.ndarray,
                 # DDP averages gradients over ranks at the last micro-batch only
                 sync = micro == s.grad_accum - 1 or not me.distributed
                 with contextlib.nullcontext() if sync else ddp.no_sync():
-                    with autocast(device):
+                    with autocast(device, s.amp):
                         _, loss = run_model(x, y)
                     (loss / s.grad_accum).backward()
                 loss_sum += loss.item()
             grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip).item()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            step += 1
-            steps_window += 1
             train_loss = distributed.mean_over_ranks(loss_sum / s.grad_accum, device)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if not (s.compile and step == first):
+                train_s += time.perf_counter() - t_step
+                steps_window += 1
+            step += 1
             if step % s.log_every == 0 or step == s.steps:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                elapsed = time.perf_counter() - t_window
                 log("train_loss", train_loss, step)
                 log("lr", lr, step)
                 log("grad_norm", grad_norm, step)
                 log("tokens_seen", step * tokens_per_step, step)
-                log("tokens_per_s", steps_window * tokens_per_step / max(elapsed, 1e-9), step)
-                t_window, steps_window = time.perf_counter(), 0
+                if steps_window:
+                    log("tokens_per_s", steps_window * tokens_per_step / max(train_s, 1e-9), step)
+                train_s, steps_window = 0.0, 0
             if step % s.eval_every == 0 or step == s.steps:
                 val_point(step)
             if step % s.checkpoint_every == 0 or step == s.steps:

@@ -1,0 +1,98 @@
+"""gpt_wq's precision follows `dtype` on every device (bf16 autocast only when dtype=bfloat16, also on
+CUDA) and run.json records what ran; its tokens_per_s counts training steps only (not evaluation,
+checkpoints or compilation). No GPU here: the CUDA branch is checked on the autocast it would enter."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.karbevski.gpt import train as train_mod
+from experiments.karbevski.gpt.model import GPT, GPTConfig
+from experiments.karbevski.gpt.train import LoopState, TrainSettings, autocast, make_optimizer, train
+from tests.conftest import run_cli
+
+TINY = GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, d_model=16, mlp_hidden=64)
+S = TrainSettings(steps=4, micro_batch=2, grad_accum=1, lr=1e-3, min_lr=1e-4, warmup_steps=1, decay_steps=4,
+                  weight_decay=0.1, eval_every=1, eval_batch=4, log_every=2, checkpoint_every=1)
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")  # torch says so when it builds the CUDA autocast here
+def test_autocast_follows_the_dtype_on_cuda_too():
+    cuda = torch.device("cuda")  # a device object needs no GPU
+    assert isinstance(autocast(cuda, None), contextlib.nullcontext)  # dtype=float32: float32 on CUDA as well
+    bf16 = autocast(cuda, torch.bfloat16)
+    assert isinstance(bf16, torch.autocast) and bf16.fast_dtype == torch.bfloat16 and bf16.device == "cuda"
+    cpu = autocast(torch.device("cpu"), torch.bfloat16)
+    assert cpu.fast_dtype == torch.bfloat16 and cpu.device == "cpu"
+
+
+def _run(tmp_path, name, *overrides):
+    proc = run_cli("run", "gpt_wq", "preset=smoke", "export_hf=false", f"cache_dir={tmp_path / 'cache'}",
+                   f"hydra.run.dir={tmp_path / name}", *overrides)
+    return proc, (json.loads((tmp_path / name / "run.json").read_text())
+                  if (tmp_path / name / "run.json").is_file() else None)
+
+
+def test_run_json_records_the_precision_that_ran(tmp_path):
+    proc, record = _run(tmp_path, "fp32", "train.steps=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert record["dtype"] == "float32" and record["precision"] == "float32"
+    proc, record = _run(tmp_path, "bf16", "dtype=bfloat16", "train.steps=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert record["dtype"] == "bfloat16" and record["precision"] == "bfloat16 autocast, float32 weights"
+    proc, record = _run(tmp_path, "fp16", "dtype=float16")
+    assert proc.returncode == 2 and record is None
+    assert proc.stderr.strip().count("\n") == 0 and "dtype=float16" in proc.stderr
+
+
+def _tiny_run(monkeypatch, s: TrainSettings, slow_s: float) -> list[tuple[str, float, int]]:
+    """Train TINY with evaluation and checkpoints that each take `slow_s`; return the logged curve."""
+    def slow_eval(*args, **kwargs):
+        time.sleep(slow_s)
+        return 1.0
+
+    monkeypatch.setattr(train_mod, "evaluate", slow_eval)
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    opt = make_optimizer(model, s, torch.device("cpu"))
+    data = np.random.default_rng(0).integers(0, TINY.vocab_size, 500).astype(np.uint16)
+    curve: list = []
+    train(model, opt, s, data, data, np.arange(0, 64, 8), TINY.block_size, torch.device("cpu"), LoopState(0, []),
+          lambda metric, value, step: curve.append((metric, value, step)), lambda step: time.sleep(slow_s))
+    return curve
+
+
+def test_tokens_per_s_leaves_out_evaluation_and_checkpoints(monkeypatch):
+    curve = _tiny_run(monkeypatch, S, slow_s=0.25)
+    tokens_per_step = S.micro_batch * S.grad_accum * TINY.block_size
+    rates = [v for m, v, _ in curve if m == "tokens_per_s"]
+    assert len(rates) == 2
+    # a tiny step takes milliseconds; with the 0.5 s of evaluation + checkpoint per step counted it would be > 0.5 s
+    assert all(tokens_per_step / r < 0.2 for r in rates), rates
+
+
+def test_tokens_per_s_leaves_out_the_compiling_step(monkeypatch):
+    class SlowFirstCall(torch.nn.Module):  # stands in for torch.compile: the first call compiles
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.calls = inner, 0
+
+        def forward(self, *args):
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(1.0)
+            return self.inner(*args)
+
+    monkeypatch.setattr(train_mod.torch, "compile", SlowFirstCall)
+    s = replace(S, compile=True, log_every=2, eval_every=100, checkpoint_every=100)
+    curve = _tiny_run(monkeypatch, s, slow_s=0.0)
+    tokens_per_step = s.micro_batch * s.grad_accum * TINY.block_size
+    first = next(v for m, v, step in curve if m == "tokens_per_s" and step == 2)
+    assert tokens_per_step / first < 0.2, first  # the 1 s compilation is not a training step's time
