@@ -124,18 +124,22 @@ def check_claims(ctx: RunContext, cfg: DictConfig, dtype: torch.dtype, e: dict, 
     ctx.check("dherin.prop3_1.gradient_steps_absorb_prefix", "Dherin §3 Prop 3.1",
               "i steps W_(k+1) = W_k − h ∇_W trace(Δ_kᵀ W) from W_0 (h = 1/‖A(x)‖², gradient by autograd) give "
               "Φ_(W_i)(x) = Φ_(W_0)(C_i, x), the model's forward pass with the prefix; max |diff| over i, tasks, "
-              f"entries (bound 100 eps of {dtype_name(dtype)} × max(1, max|output|))", err31.max().item(), "<=", bound)
+              f"entries (bound 100 eps of {dtype_name(dtype)} × max(1, max|output|))", err31.max().item(), "<=", bound,
+              measure="max |Φ_(W_i)(x) − Φ_W(C_i, x)|")
     ctx.check("dherin.prop3_1.control_far_off", "Dherin §3 Prop 3.1 (control)",
               "not stepping (W_0 on the query alone) is orders of magnitude further from the with-prefix output "
               "(log10 of mean control diff / mean Prop 3.1 error)",
-              math.log10(ctrl.mean().item() / max(err31.mean().item(), 1e-300)), ">=", 3.0)
+              math.log10(ctrl.mean().item() / max(err31.mean().item(), 1e-300)), ">=", 3.0,
+              measure="log10(control diff / Prop 3.1 error)")
     ctx.check("dherin.sec3.prefix_patch_equals_context", "Dherin §4.3 Eqs 6-9",
               "Φ_(W+(ΔW)_i)(x) = Φ_W(C_i, x) for every prefix C_i, both genuine forward passes (max |diff| over i, "
-              "tasks, output entries; bound 100 eps × max(1, max|output|))", err.max().item(), "<=", bound)
+              "tasks, output entries; bound 100 eps × max(1, max|output|))", err.max().item(), "<=", bound,
+              measure="max |Φ_(W+(ΔW)_i)(x) − Φ_W(C_i, x)|")
     ctx.check("dherin.sec3.control_far_off", "Dherin §4.3 Eqs 6-9 (control)",
               "the unpatched model without context is orders of magnitude further "
               "(log10 of mean control diff / mean patch error)",
-              math.log10(ctrl.mean().item() / max(err.mean().item(), 1e-300)), ">=", 3.0)
+              math.log10(ctrl.mean().item() / max(err.mean().item(), 1e-300)), ">=", 3.0,
+              measure="log10(control diff / patch error)")
     # A softmax average over i tokens moves by O(1/i) per added token whatever the weights (a model trained
     # one step decays 0.057 tail/head, slope −0.92): both decay claims are judged against the untrained
     # model (same architecture and tasks); the trained model's own ratio and slope are in metrics.csv.

@@ -194,23 +194,27 @@ def check_claims(ctx: RunContext, dtype, series: dict[str, Tensor], loss_none: T
     dw_final = series["dw_test_loss"][:, -1].double().mean().item()
     ctx.check("dherin.fig4.dw_minimizes_test_loss", SOURCE + " left",
               "the implicit update ΔW(C_M) minimizes the test loss: mean ΔW test loss at i = M / "
-              "mean loss without context or update", dw_final / initial, "<=", 0.5)
+              "mean loss without context or update", dw_final / initial, "<=", 0.5,
+              measure="ΔW test loss at i = M / loss without context")
     ctx.check("dherin.fig4.finetuning_minimizes_test_loss", SOURCE + " left",
               "finetuning W by SGD on the M examples minimizes the test loss: mean GD test loss at i = M / "
-              "mean loss without context or update", gd_final / initial, "<=", 0.5)
+              "mean loss without context or update", gd_final / initial, "<=", 0.5,
+              measure="GD test loss at i = M / loss without context")
     cos = series["cos_dw_ft"][:, -1].double()
     ctx.check("dherin.fig4.updates_aligned", SOURCE + " right",
               "the two updates are highly aligned: normalized Frobenius inner product "
-              "⟨ΔW(C_M), W_ft,M − W_0⟩ at i = M, mean over trials", cos.mean().item(), ">=", 0.5)
+              "⟨ΔW(C_M), W_ft,M − W_0⟩ at i = M, mean over trials", cos.mean().item(), ">=", 0.5,
+              measure="mean cos⟨ΔW(C_M), W_ft,M − W_0⟩")
     ctx.check("dherin.fig4.alignment_task_specific", SOURCE + " right (control)",
               "the alignment is specific to the task: mean |inner product| with the trial's own ΔW(C_M) over that "
               "with another task's ΔW for the same query (by magnitude), at i = M",
-              task_specificity(cos, series["cos_other_task_dw_ft"][:, -1].double()), ">=", 2.0)
+              task_specificity(cos, series["cos_other_task_dw_ft"][:, -1].double()), ">=", 2.0,
+              measure="mean |cos| own ΔW / mean |cos| other task's ΔW")
     ceiling = series["rank1_ceiling_ft"][:, -1].double()
     ctx.check("dherin.fig4.alignment_near_rank1_ceiling", SOURCE + " right",
               "ΔW reaches most of the alignment any rank-1 matrix with right factor A(x_test) could have with the "
               "finetuning update: mean inner product / mean structural ceiling ‖U A(x)‖/(‖A(x)‖ ‖U‖), at i = M",
-              cos.mean().item() / ceiling.mean().item(), ">=", 0.5)
+              cos.mean().item() / ceiling.mean().item(), ">=", 0.5, measure="mean cos / mean rank-1 ceiling")
     ctx.check("dherin.cor2_5_1.dw_prediction_equals_context", "Dherin Cor 2.5.1",
               "ΔW test prediction = with-context prediction, both genuine forward passes: the model with "
               "W_0 + ΔW(C_i) on x_test alone vs the unpatched model on [C_i, x_test], every i and trial "

@@ -122,20 +122,22 @@ def check_claims(ctx: RunContext, cfg: DictConfig, dtype: torch.dtype, final: di
     scale = max(1.0, float(y.abs().max()))
     ctx.check("dherin.fig6.patch_equals_context", SOURCE + " middle",
               "RNN contextual layer: |Φ_W(C,x) − Φ_(W+ΔW)(x)| on the validation set after training, max over tasks "
-              "(bound 100 eps × max(1, max|ŷ|))", err.max(), "<=", 100 * eps * scale)
+              "(bound 100 eps × max(1, max|ŷ|))", err.max(), "<=", 100 * eps * scale,
+              measure="max |Φ_W(C, x) − Φ_(W+ΔW)(x)|")
     ctx.check("dherin.fig6.control_far_off", SOURCE + " (control)",
               "control (unpatched, no context) is worse than the patch by orders of magnitude "
               "(log10 ratio of mean |differences| on the validation set)",
-              math.log10(float(ctrl.mean()) / max(float(err.mean()), 1e-300)), ">=", 3.0)
+              math.log10(float(ctrl.mean()) / max(float(err.mean()), 1e-300)), ">=", 3.0,
+              measure="log10(control diff / patch error)")
     ctx.check("dherin.fig6.model_learned", SOURCE + " left",
               "the RNN model learned the task: final validation loss / zero-predictor loss",
-              val.iloc[-1]["val_loss_context"] / zero_loss, "<=", 0.5)
+              val.iloc[-1]["val_loss_context"] / zero_loss, "<=", 0.5, measure="val. loss / zero-predictor loss")
     pct = round(100 * cfg.dynamics.tail_fraction)
     ratio = {k: decay_summary(v.mean(0), cfg.dynamics.tail_fraction)["decay_ratio_tail_to_head"]
              for k, v in curves.items()}
     ctx.check("dherin.fig6.attention_model_learned", "Dherin §4.1",
               f"the attention model ({origin}) learned the task: its validation loss / zero-predictor loss",
-              attention_loss / zero_loss, "<=", 0.1)
+              attention_loss / zero_loss, "<=", 0.1, measure="val. loss / zero-predictor loss")
     # Fig. 6's contrast (RNN increments stay, attention's vanish) holds at initialisation already (softmax
     # averaging decays whatever the weights): each claim is judged against the untrained models (same
     # architectures, same tasks); the raw tail/head ratios are in metrics.csv (decay_ratio_tail_to_head).

@@ -100,7 +100,8 @@ def check_claims(ctx: RunContext, cfg: DictConfig, results: dict) -> None:
     for inputs, r in (("unit_norm", unit), ("layernorm", ln)):
         ctx.check(f"karbevski.app8_1.ratio_{inputs}", REF,
                   f"ratio of W_Q = I to baseline score std ({inputs.replace('_', '-')} inputs) vs the paper's ≈ 1.8",
-                  r["ratio"], "within", k.ratio_tolerance, paper_value=paper_ratio)
+                  r["ratio"], "within", k.ratio_tolerance, paper_value=paper_ratio,
+                  measure="score std W_Q = I / score std baseline")
     # The paper's absolute values assume ‖x‖ = 1; LayerNorm's outputs have ‖x‖² ≈ d. Measured scale-up of
     # the baseline std from unit-norm to LayerNorm inputs, divided by the measured ‖x‖² (1 if std ∝ ‖x‖²).
     scale = (ln["baseline"].mean() / unit["baseline"].mean()) / ln["sq_norm"].mean()

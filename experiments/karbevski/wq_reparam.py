@@ -156,19 +156,22 @@ def check_claims(ctx: RunContext, cfg: DictConfig, results: dict, lemma84: list,
         rs = results[f"{ref}.{what}"]
         ctx.check(f"karbevski.{ref}.{what}", f"{PAPER} {label}",
                   f"{label}: worst relative max |original − reparametrized| output over random float64 draws "
-                  "(genuine forward pass of the constructed weights)", _worst(rs, "error"), "<=", k.exact_tolerance)
+                  "(genuine forward pass of the constructed weights)", _worst(rs, "error"), "<=", k.exact_tolerance,
+                  measure="worst relative max |original − reparametrized|")
         ctx.check(f"karbevski.{ref}.{what}_control_differs", f"{PAPER} {label}",
                   f"{label}: the control (un-adjusted weights, or the construction where it does not apply) "
                   "differs from the original: smallest relative error over draws", _worst(rs, "control", min),
-                  ">=", k.control_min)
+                  ">=", k.control_min, measure="smallest relative max |original − control|")
     for ref, what, label, _ in OBSTRUCTIONS:
         rs = results[f"{ref}.{what}"]
         ctx.check(f"karbevski.{ref}.{what}", f"{PAPER} {label}",
                   f"{label}: the obstruction the paper states is measured: smallest relative error over draws "
-                  "of the attempted reparametrization", _worst(rs, "error", min), ">=", k.control_min)
+                  "of the attempted reparametrization", _worst(rs, "error", min), ">=", k.control_min,
+                  measure="smallest relative max |original − attempted|")
         ctx.check(f"karbevski.{ref}.{what}_counterpart_exact", f"{PAPER} {label}",
                   f"{label}: the exact counterpart (same recipe where the paper says it holds): worst relative "
-                  "error over draws", _worst(rs, "control"), "<=", k.exact_tolerance)
+                  "error over draws", _worst(rs, "control"), "<=", k.exact_tolerance,
+                  measure="worst relative max |original − counterpart|")
     r83 = results["thm8_3.skip_absorbed"]
     ctx.check("karbevski.thm8_3.condition_fails_generically", f"{PAPER} Thm 8.3, Cor. 8.4.1",
               "generic Gaussian (W₁, W₂): smallest max|W₂[:,J]W₁[J,:] + I| over every index set J with |J| ≥ h",
