@@ -9,8 +9,10 @@ import typer
 
 def report(
     results_dir: Path = typer.Argument(Path("results"), help="folder to walk for run folders (default: results)"),
-    all_runs: bool = typer.Option(False, "--all", help="every run, not only the newest complete one per experiment"),
-    strict: bool = typer.Option(False, "--strict", help="exit 1 if any reported claim fails"),
+    all_runs: bool = typer.Option(False, "--all", help="every run, not only the newest complete one at the highest "
+                                  "preset (paper > gpu > cpu > smoke) per experiment"),
+    strict: bool = typer.Option(False, "--strict", help="exit 1 if any reported claim fails (a preset=smoke run's "
+                                "failures are expected and do not count)"),
     out: Path = typer.Option(None, "--out", help="where report.md and report.html go (default: RESULTS_DIR)"),
     readme: Path = typer.Option(None, "--readme", help="also rewrite the results tables between the "
                                 "<!-- results:begin --> and <!-- results:end --> markers of this file"),
@@ -20,7 +22,14 @@ def report(
     from rich.console import Console
 
     from cli.main import fail
-    from experiments.core.report import build_report, paper_groups, summary_line, update_readme, write_report
+    from experiments.core.report import (
+        build_report,
+        paper_groups,
+        runs_line,
+        summary_line,
+        update_readme,
+        write_report,
+    )
 
     if not results_dir.is_dir():
         fail(f"{results_dir} is not a folder; pass the folder your runs are in (default: results)")
@@ -33,8 +42,12 @@ def report(
     for _, title, rows in paper_groups(rep):
         if len(rows):
             con.print(f"{title}: {summary_line(rows)}")
+    for name, why in rep.reasons.items():
+        if "passed over" in why:  # say it where a newer run was not the one shown
+            con.print(f"{name}: {why}")
     for r in rep.failed:
         con.print(f"not complete: {r.experiment} ({r.path}): {r.status}")
+    con.print(f"{summary_line(rep.shown)} {runs_line(rep)}")
     if rep.missing:
         con.print(f"never run: {', '.join(rep.missing)}")
     con.print(f"report: {md}\nreport: {page}")

@@ -16,7 +16,7 @@ import pandas as pd
 from experiments.core import registry
 from experiments.core.errors import UserError
 from experiments.core.results import (
-    CHECK_COLUMNS,
+    CLAIM_COLUMNS,
     CLAIMS_FILE,
     FIGURES_DIR,
     METRICS_FILE,
@@ -107,7 +107,8 @@ def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
     if claims:
         combined = pd.concat(claims, ignore_index=True)
         # runs from before claim ids are combined as they are (icl-exp report lists them as such)
-        columns = CHECK_COLUMNS if "id" in combined.columns else [c for c in combined.columns if c != "job"]
+        columns = [c for c in CLAIM_COLUMNS if c in combined.columns] if "id" in combined.columns \
+            else [c for c in combined.columns if c != "job"]
         write_csv_atomic(sweep_dir / CLAIMS_FILE, combined[["job", *columns]])
     return exp.plot(metrics, sweep_dir / FIGURES_DIR)
 

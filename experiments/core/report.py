@@ -1,8 +1,11 @@
 """`icl-exp report`: every claim of every paper in one place, from the run folders alone.
 
-Walks a results folder for run folders (run.json), keeps the newest complete run of each experiment
-(a multirun sweep counts as one run: all its complete jobs), or every run with `all_runs`, and
-collects their claims.csv rows. Bad input never stops the report: an unreadable run.json, a
+Walks a results folder for run folders (run.json), keeps per experiment the newest complete run at
+the highest preset (paper > gpu > cpu > smoke; a multirun sweep counts as one run: all its complete
+jobs), or every run with `all_runs`, and collects their claims.csv rows; why each run was taken is
+said beside it. A sweep's claim is shown once, with the range of its jobs' values. A claim that fails
+in a preset=smoke run is marked as expected there (smoke checks the code, not the science) and is not
+counted by `--strict`. Bad input never stops the report: an unreadable run.json, a
 corrupt or truncated claims.csv, or claims from an older version without ids each become one line
 under "Problems", and the rest is written. Papers come in registry.PAPER_PACKAGES order.
 
@@ -25,12 +28,19 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.core import registry
-from experiments.core.results import CHECK_COLUMNS, CLAIMS_FILE, FIGURES_DIR, RUN_FILE
+from experiments.core.results import CHECK_COLUMNS, CLAIM_COLUMNS, CLAIMS_FILE, FIGURES_DIR, RUN_FILE
 
 REPORT_MD, REPORT_HTML = "report.md", "report.html"
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 OTHER = "other"  # the paper group of runs whose experiment is no longer registered
 THUMB_WIDTH = 640  # px: the embedded figures are downscaled to this width
+# Which run of an experiment speaks for it: the highest preset first, then the newest. A preset not named
+# here (a user's own) ranks with cpu.
+PRESET_RANK = {"smoke": 0, "cpu": 1, "gpu": 2, "paper": 3}
+SMOKE = "smoke"
+NOT_COMPLETE = ("interrupted", "running", "failed", "unknown")  # the order the summary counts them in
+CLAIMS_SHOWN = ["paper", "experiment", *CLAIM_COLUMNS, "run", "preset", "job", "unit"]
+CLAIM_TABLE = CLAIMS_SHOWN
 
 
 @dataclass
@@ -54,15 +64,57 @@ class Run:
 @dataclass
 class Report:
     root: Path
-    claims: pd.DataFrame  # CHECK_COLUMNS + paper, experiment, run, preset, job
+    claims: pd.DataFrame  # CHECK_COLUMNS + measure, paper, experiment, run, preset, job, unit: one row per job
     runs: list[Run]  # the runs whose claims are shown
     failed: list[Run]  # runs not complete (the newest per experiment without a complete one, or all with --all)
     missing: list[str]  # registered experiments with no run at all
     problems: list[str] = field(default_factory=list)
+    found: list[Run] = field(default_factory=list)  # every run folder under root, whatever its status
+    reasons: dict[str, str] = field(default_factory=dict)  # experiment -> which run was taken, and why
+
+    @property
+    def shown(self) -> pd.DataFrame:
+        """The claims as shown: one row per claim of each run, a sweep's jobs folded into one (see fold_jobs)."""
+        return fold_jobs(self.claims)
 
     @property
     def n_failed_claims(self) -> int:
-        return int((~self.claims["passed"].astype(bool)).sum()) if len(self.claims) else 0
+        """Failed claims that count (for --strict): not those of preset=smoke runs, which are expected."""
+        rows = self.shown
+        return int((~rows["passed"] & ~rows["expected"]).sum()) if len(rows) else 0
+
+    @property
+    def n_expected_failures(self) -> int:
+        rows = self.shown
+        return int(rows["expected"].sum()) if len(rows) else 0
+
+    def not_complete_counts(self) -> dict[str, int]:
+        """How many of all the runs found are not complete, by status (interrupted, running, failed, ...)."""
+        counts: dict[str, int] = {}
+        for r in self.found:
+            if r.status != "complete":
+                key = r.status if r.status in NOT_COMPLETE else "unknown"
+                counts[key] = counts.get(key, 0) + 1
+        return {k: counts[k] for k in NOT_COMPLETE if k in counts}
+
+
+def fold_jobs(claims: pd.DataFrame) -> pd.DataFrame:
+    """One row per (experiment, run or sweep, claim id): a sweep's jobs folded, measured_min / measured_max
+    over them, passed only if every job passed, `jobs` and `jobs_passed` counted; `expected` marks a
+    failure of a preset=smoke run (expected there, not counted by --strict)."""
+    columns = [*CLAIMS_SHOWN, "measured_min", "measured_max", "jobs", "jobs_passed", "expected"]
+    if claims.empty:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for _, group in claims.groupby(["experiment", "unit", "id"], sort=False):
+        first = group.iloc[0].to_dict()
+        passed = bool(group["passed"].all())
+        first.update(measured_min=group["measured"].min(), measured_max=group["measured"].max(),
+                     jobs=len(group), jobs_passed=int(group["passed"].sum()), passed=passed,
+                     expected=not passed and first["preset"] == SMOKE,
+                     job=",".join(j for j in group["job"] if j))
+        rows.append(first)
+    return pd.DataFrame(rows)[columns]
 
 
 # -- reading the results ---------------------------------------------------------------------------
@@ -94,11 +146,18 @@ def _preset_from_overrides(record: dict) -> str:
     return "paper"  # the default preset
 
 
-def select_runs(runs: list[Run], all_runs: bool = False) -> tuple[list[Run], list[Run]]:
+def preset_rank(preset: str) -> int:
+    return PRESET_RANK.get(preset, PRESET_RANK["cpu"])
+
+
+def select_runs(runs: list[Run], all_runs: bool = False,
+                reasons: dict[str, str] | None = None) -> tuple[list[Run], list[Run]]:
     """(complete runs to report, runs not complete to list as failed).
 
-    Default: per experiment, the newest unit (run or sweep) with a complete run; its complete jobs are
-    reported. An experiment with no complete run lists its newest unit's runs as failed."""
+    Default: per experiment, among the units (runs or sweeps) with a complete run, the one at the highest
+    preset (paper > gpu > cpu > smoke), the newest of those; its complete jobs are reported. A later smoke
+    sweep does not displace a paper run. An experiment with no complete run lists its newest unit's runs as
+    failed. `reasons` gets, per experiment, which run was taken and why."""
     if all_runs:
         return ([r for r in runs if r.status == "complete"], [r for r in runs if r.status != "complete"])
     chosen, failed = [], []
@@ -110,12 +169,30 @@ def select_runs(runs: list[Run], all_runs: bool = False) -> tuple[list[Run], lis
         started = {u: max(r.start for r in rs) for u, rs in units.items()}
         complete = [u for u, rs in units.items() if any(r.status == "complete" for r in rs)]
         if complete:
-            unit = max(complete, key=started.__getitem__)
+            preset = {u: next(r.preset for r in units[u] if r.status == "complete") for u in complete}
+            unit = max(complete, key=lambda u: (preset_rank(preset[u]), started[u]))
             chosen += [r for r in units[unit] if r.status == "complete"]
             failed += [r for r in units[unit] if r.status != "complete"]  # a sweep's failed jobs
+            if reasons is not None:
+                reasons[name] = _reason(unit, preset, started, complete, units)
         else:
             failed += units[max(units, key=started.__getitem__)]
     return chosen, failed
+
+
+def _reason(unit: Path, preset: dict, started: dict, complete: list[Path], units: dict) -> str:
+    """`preset=paper, started 2026-…: the highest preset with a complete run, the newest there; passed
+    over: 1 newer smoke run` (what a reader needs to trust which numbers are shown)."""
+    what = "sweep" if any(r.sweep for r in units[unit]) else "run"
+    text = (f"{what} at preset={preset[unit]}, started {started[unit] or '?'}: the newest complete run at the "
+            f"highest preset present (paper > gpu > cpu > smoke)")
+    newer = [u for u in complete if u != unit and started[u] > started[unit]]
+    if newer:
+        by_preset: dict[str, int] = {}
+        for u in newer:
+            by_preset[preset[u]] = by_preset.get(preset[u], 0) + 1
+        text += "; passed over: " + ", ".join(f"{n} newer {p} run(s)" for p, n in by_preset.items())
+    return text
 
 
 def read_run_claims(run: Run, root: Path, problems: list[str]) -> pd.DataFrame | None:
@@ -137,7 +214,10 @@ def read_run_claims(run: Run, root: Path, problems: list[str]) -> pd.DataFrame |
     if lacking:
         problems.append(f"{where}: claims.csv is corrupt (no {', '.join(lacking)} column); its claims are left out")
         return None
-    frame = frame[CHECK_COLUMNS].copy()
+    if "measure" not in frame.columns:  # written before claims said what their number is
+        frame["measure"] = ""
+    frame = frame[CLAIM_COLUMNS].copy()
+    frame["measure"] = frame["measure"].fillna("").astype(str)
     broken = frame["id"].isna() | frame["passed"].isna() | ~frame["passed"].astype(str).isin(["True", "False"])
     broken |= ~frame["comparison"].isin(["<=", ">=", "within"])
     if broken.any():
@@ -157,7 +237,8 @@ def build_report(root: Path, all_runs: bool = False) -> Report:
         problems.append(f"{root}: no such folder")
     elif not runs:
         problems.append(f"{root}: no run folders (run.json) found")
-    chosen, failed = select_runs(runs, all_runs)
+    reasons: dict[str, str] = {}
+    chosen, failed = select_runs(runs, all_runs, reasons)
     frames = []
     for run in chosen:
         claims = read_run_claims(run, root, problems)
@@ -168,12 +249,12 @@ def build_report(root: Path, all_runs: bool = False) -> Report:
         claims["run"] = _rel(run.path, root)
         claims["preset"] = run.preset
         claims["job"] = run.path.name if run.sweep else ""
+        claims["unit"] = _rel(run.unit, root)
         frames.append(claims)
-    columns = ["paper", "experiment", *CHECK_COLUMNS, "run", "preset", "job"]
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CLAIM_TABLE)
     seen = {r.experiment for r in runs}
     missing = [n for n in registry.experiment_names() if n not in seen]
-    return Report(root, table, chosen, failed, missing, problems)
+    return Report(root, table, chosen, failed, missing, problems, found=runs, reasons=reasons)
 
 
 def _paper_of(experiment: str) -> str:
@@ -225,18 +306,30 @@ def paper_groups(report: Report) -> list[tuple[str, str, pd.DataFrame]]:
     """(package, title, claims) per paper with runs or registered experiments, in PAPER_PACKAGES order."""
     titles = _paper_titles()
     packages = [p for p in registry.PAPER_PACKAGES]
-    if (report.claims["paper"] == OTHER).any():
+    shown = report.shown
+    if (shown["paper"] == OTHER).any():
         packages.append(OTHER)
     out = []
     for package in packages:
-        rows = report.claims[report.claims["paper"] == package]
+        rows = shown[shown["paper"] == package]
         out.append((package, titles.get(package, package), rows))
     return out
 
 
 def summary_line(rows: pd.DataFrame) -> str:
+    """`3/4 claims passed` (+ how many of the failures are preset=smoke's expected ones)."""
     passed = int(rows["passed"].sum()) if len(rows) else 0
-    return f"{passed}/{len(rows)} claims passed"
+    expected = int(rows["expected"].sum()) if len(rows) and "expected" in rows else 0
+    smoke = f" ({expected} failed as expected at preset=smoke, not counted by --strict)" if expected else ""
+    return f"{passed}/{len(rows)} claims passed{smoke}"
+
+
+def runs_line(report: Report) -> str:
+    """The summary's second half: runs shown, runs not complete among all found (by status), never run."""
+    counts = report.not_complete_counts()
+    detail = f" ({', '.join(f'{n} {status}' for status, n in counts.items())})" if counts else ""
+    return (f"over {len(report.runs)} run(s) shown; {sum(counts.values())} of the {len(report.found)} run(s) found "
+            f"not complete{detail}; {len(report.missing)} experiment(s) never run.")
 
 
 def _runs_of(report: Report, package: str) -> list[Run]:
@@ -251,7 +344,8 @@ def _not_run(report: Report, package: str) -> tuple[list[Run], list[str]]:
 
 def _run_state(run: Run) -> str:
     error = run.record.get("error")
-    return run.status + (f" ({error})" if error else "")
+    status = "running (or died without saying so)" if run.status == "running" else run.status
+    return status + (f" ({error})" if error else "")
 
 
 def _figure_files(report: Report, package: str) -> list[tuple[str, Path]]:
@@ -275,17 +369,35 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _measured(row) -> str:
+    """One run's value, or a sweep's range over its jobs: `0.12 … 0.47 (3 jobs)`."""
+    if row.get("jobs", 1) > 1:
+        lo, hi = fmt(row["measured_min"]), fmt(row["measured_max"])
+        return (lo if lo == hi else f"{lo} … {hi}") + f" ({row['jobs']} jobs)"
+    return fmt(row["measured"])
+
+
+def result_text(row, bold: str = "**") -> str:
+    """pass / FAIL / FAIL (1 of 3 jobs) / fail (expected at preset=smoke)."""
+    if row["passed"]:
+        return "pass"
+    if row.get("expected"):
+        return "fail (expected at smoke)"
+    jobs = row.get("jobs", 1)
+    return f"{bold}FAIL{bold}" + (f" ({jobs - row['jobs_passed']} of {jobs} jobs)" if jobs > 1 else "")
+
+
 def _claim_cells(row) -> list[str]:
-    run = row["run"] + (f" (job {row['job']})" if row["job"] else "")
-    return [f"`{row['id']}`", row["ref"], fmt(row["paper_value"]), fmt(row["measured"]), criterion(row),
-            "pass" if row["passed"] else "**FAIL**", run, row["preset"]]
+    run = row["unit"] if row.get("jobs", 1) > 1 else row["run"] + (f" (job {row['job']})" if row["job"] else "")
+    measure = row.get("measure") or ""
+    measured = _measured(row) + (f" = {measure}" if measure else "")
+    return [f"`{row['id']}`", row["ref"], fmt(row["paper_value"]), measured, criterion(row),
+            result_text(row), run, row["preset"]]
 
 
 def render_markdown(report: Report) -> str:
-    total = report.claims
-    lines = [f"# icl-exp report: {report.root}", "",
-             f"{summary_line(total)} over {len(report.runs)} run(s); "
-             f"{len(report.failed)} run(s) not complete; {len(report.missing)} experiment(s) never run.", ""]
+    total = report.shown
+    lines = [f"# icl-exp report: {report.root}", "", f"{summary_line(total)} {runs_line(report)}", ""]
     if report.problems:
         lines += ["## Problems", ""] + [f"- {p}" for p in report.problems] + [""]
     for package, title, rows in paper_groups(report):
@@ -294,8 +406,10 @@ def render_markdown(report: Report) -> str:
             continue
         lines += [f"## {title} — {summary_line(rows)}", "", *runs_table(report, package)]
         for name, group in rows.groupby("experiment", sort=True):
-            lines += [f"### {name} ({_figures_of(name)})", "", "| " + " | ".join(CLAIM_HEADER) + " |",
-                      "|" + "---|" * len(CLAIM_HEADER)]
+            lines += [f"### {name} ({_figures_of(name)})", ""]
+            if name in report.reasons:
+                lines += [f"Shown: {report.reasons[name]}.", ""]
+            lines += ["| " + " | ".join(CLAIM_HEADER) + " |", "|" + "---|" * len(CLAIM_HEADER)]
             lines += ["| " + " | ".join(_md_cell(c) for c in _claim_cells(r)) + " |" for _, r in group.iterrows()]
             lines += ["", *[f"- `{r['id']}`: {r['description']}" for _, r in group.iterrows()], ""]
         for r in failed:
@@ -318,6 +432,7 @@ table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px;width:100%}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#f0f0f0} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.fail td{background:#fde8e8} td.pass{color:#176c2f;font-weight:600} td.fail{color:#b00020;font-weight:700}
+td.expected{color:#8a6d00}
 code{font-size:12px} .problems li{color:#b00020} .summary{font-size:15px;font-weight:600}
 figure{display:inline-block;margin:.5em;vertical-align:top} figure img{max-width:560px;border:1px solid #ddd}
 figcaption{font-size:12px;color:#555} .desc{color:#555;font-size:12px}
@@ -345,8 +460,7 @@ def render_html(report: Report) -> str:
     out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
            f"<title>icl-exp report</title><style>{CSS}</style></head><body>",
            f"<h1>icl-exp report</h1><p>Results folder <code>{e(str(report.root))}</code></p>",
-           f"<p class='summary'>{e(summary_line(report.claims))} over {len(report.runs)} run(s); "
-           f"{len(report.failed)} run(s) not complete; {len(report.missing)} experiment(s) never run.</p>"]
+           f"<p class='summary'>{e(summary_line(report.shown))} {e(runs_line(report))}</p>"]
     if report.problems:
         out.append("<h2>Problems</h2><ul class='problems'>" + "".join(f"<li>{e(p)}</li>" for p in report.problems)
                    + "</ul>")
@@ -356,16 +470,17 @@ def render_html(report: Report) -> str:
             continue
         out.append(f"<h2 id='{e(package)}'>{e(title)} — {e(summary_line(rows))}</h2>")
         for name, group in rows.groupby("experiment", sort=True):
-            out.append(f"<h3>{e(name)} <small>({e(_figures_of(name))})</small></h3><table><tr>"
+            why = f"<p class='desc'>Shown: {e(report.reasons[name])}.</p>" if name in report.reasons else ""
+            out.append(f"<h3>{e(name)} <small>({e(_figures_of(name))})</small></h3>{why}<table><tr>"
                        + "".join(f"<th>{h}</th>" for h in CLAIM_HEADER) + "</tr>")
             for _, r in group.iterrows():
                 cells = _claim_cells(r)
-                ok = bool(r["passed"])
+                cls = "pass" if r["passed"] else "expected" if r["expected"] else "fail"  # smoke's: not red
                 out.append(
-                    f"<tr class='{'pass' if ok else 'fail'}'><td><code>{e(r['id'])}</code>"
+                    f"<tr class='{cls}'><td><code>{e(r['id'])}</code>"
                     f"<div class='desc'>{e(str(r['description']))}</div></td><td>{e(str(r['ref']))}</td>"
                     + "".join(f"<td class='num'>{e(c)}</td>" for c in cells[2:5])
-                    + f"<td class='{'pass' if ok else 'fail'}'>{'pass' if ok else 'FAIL'}</td>"
+                    + f"<td class='{cls}'>{e(result_text(r, bold=''))}</td>"
                     f"<td><code>{e(cells[6])}</code></td><td>{e(cells[7])}</td></tr>")
             out.append("</table>")
         if failed or missing:

@@ -27,7 +27,10 @@ FIGURES_DIR = "figures"
 #   comparison "<="     passes when measured <= tolerance       (tolerance is the bound)
 #   comparison ">="     passes when measured >= tolerance       (tolerance is the bar to clear)
 #   comparison "within" passes when |measured - paper_value| <= tolerance
+# `measure` (optional, last) names the number in `measured` in a few symbols, for the console and the
+# report: "log10(control L∞ / patched L∞)". Older claims.csv files have no such column.
 CHECK_COLUMNS = ["id", "ref", "description", "paper_value", "measured", "tolerance", "comparison", "passed"]
+CLAIM_COLUMNS = [*CHECK_COLUMNS, "measure"]
 COMPARISONS = ("<=", ">=", "within")
 _CLAIM_ID = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
 METRIC_LEAD_COLUMNS = ["experiment", "run_id", "metric", "value"]
@@ -82,10 +85,12 @@ class RunContext:
 
     # -- claims ----------------------------------------------------------------------------
     def check(self, id: str, ref: str, description: str, measured: Any, comparison: str, tolerance: float,
-              paper_value: float | None = None) -> bool:
+              paper_value: float | None = None, measure: str | None = None) -> bool:
         """Record one claim with a stable id (`paper.figure.what`, the same across runs and presets).
 
         `measured` must come from a computation independent of the other side of the claim; NaN fails.
+        `measure` says what the number is, short (`log10(control L∞ / patched L∞)`): the console prints
+        `measure = value` with it.
         """
         if not _CLAIM_ID.match(id):
             raise ValueError(f"claim id {id!r} must look like 'paper.figure.what' (lowercase, dots)")
@@ -104,11 +109,12 @@ class RunContext:
         passed = bool(passed) and not math.isnan(measured)
         self._claims.append(dict(id=id, ref=ref, description=description,
                                  paper_value=None if paper_value is None else float(paper_value),
-                                 measured=measured, tolerance=tolerance, comparison=comparison, passed=passed))
+                                 measured=measured, tolerance=tolerance, comparison=comparison, passed=passed,
+                                 measure=measure or ""))
         return passed
 
     def claims(self) -> pd.DataFrame:
-        return pd.DataFrame(self._claims, columns=CHECK_COLUMNS)
+        return pd.DataFrame(self._claims, columns=CLAIM_COLUMNS)
 
     # -- files -----------------------------------------------------------------------------
     @property

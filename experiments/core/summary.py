@@ -37,8 +37,15 @@ def digits_to_resolve(values: list[Any], tolerance: Any) -> int:
     return max(3, min(12, math.ceil(math.log10(size / tol)) + 1))
 
 
+def _measure(row: dict) -> str:
+    """The claim's `measure` label, or "" (older claims.csv files and claims without one)."""
+    label = row.get("measure")
+    return label.strip() if isinstance(label, str) else ""
+
+
 def claim_line(row: dict) -> str:
-    """`PASS id: measured 3.2e-07 <= 1.19e-07` — the tolerance read the way its comparison uses it."""
+    """`PASS id: measured 3.2e-07 <= 1.19e-07` — the tolerance read the way its comparison uses it; with a
+    `measure` label it says what the number is: `PASS id: log10(control L∞ / patched L∞) = 7 >= 1`."""
     verdict = "PASS" if row.get("passed") else "FAIL"
     measured = fmt(row.get("measured"))
     if "id" not in row:  # legacy rows: claim, source, paper_value, measured, tolerance, passed
@@ -52,7 +59,8 @@ def claim_line(row: dict) -> str:
         test = f"<= {tolerance} (bound)"
     else:
         test = f">= {tolerance} (bar to clear)"
-    return f"claim {verdict} {row['id']}: measured {measured} {test}"
+    label = _measure(row)
+    return f"claim {verdict} {row['id']}: {f'{label} =' if label else 'measured'} {measured} {test}"
 
 
 def run_summary(run_dir: Path, claims: pd.DataFrame, wall_time_s: float, preset: str | None) -> list[str]:

@@ -10,7 +10,7 @@ W_{k+1} = W_k − h ∇_W trace(Δ_kᵀ W) from W_0 (h = 1/‖A(x)‖², gradien
 weights whose forward pass on x alone is the forward pass with the prefix C_i. The control of the
 decay: the same measurement on the untrained model (same architecture, its initial weights),
 because a softmax average over i tokens moves by O(1/i) per added token whether or not it learned;
-the decay claim compares the two.
+both decay claims (tail/head ratio, power-law exponent) are judged against it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from experiments.core.runtime import dtype_name
 from experiments.core.validation import require_positive
 from experiments.data.linreg import sample_prompts
 from experiments.dherin.dynamics import (
+    LEARNED_DECAY_BAR,
     decay_summary,
     decay_vs_control,
     increment_norms,
@@ -39,6 +40,7 @@ from experiments.dherin.dynamics import (
     prefix_model_outputs,
     prefix_patches_from_outputs,
     prop31_gd_weights,
+    slope_vs_control,
 )
 from experiments.dherin.models.linreg import ContextualBlock
 from experiments.dherin.patched_forward import W_NAME, forward_with
@@ -122,30 +124,37 @@ def check_claims(ctx: RunContext, cfg: DictConfig, dtype: torch.dtype, e: dict, 
     ctx.check("dherin.prop3_1.gradient_steps_absorb_prefix", "Dherin §3 Prop 3.1",
               "i steps W_(k+1) = W_k − h ∇_W trace(Δ_kᵀ W) from W_0 (h = 1/‖A(x)‖², gradient by autograd) give "
               "Φ_(W_i)(x) = Φ_(W_0)(C_i, x), the model's forward pass with the prefix; max |diff| over i, tasks, "
-              f"entries (bound 100 eps of {dtype_name(dtype)} × max(1, max|output|))", err31.max().item(), "<=", bound)
+              f"entries (bound 100 eps of {dtype_name(dtype)} × max(1, max|output|))", err31.max().item(), "<=", bound,
+              measure="max |Φ_(W_i)(x) − Φ_W(C_i, x)|")
     ctx.check("dherin.prop3_1.control_far_off", "Dherin §3 Prop 3.1 (control)",
               "not stepping (W_0 on the query alone) is orders of magnitude further from the with-prefix output "
               "(log10 of mean control diff / mean Prop 3.1 error)",
-              math.log10(ctrl.mean().item() / max(err31.mean().item(), 1e-300)), ">=", 3.0)
+              math.log10(ctrl.mean().item() / max(err31.mean().item(), 1e-300)), ">=", 3.0,
+              measure="log10(control diff / Prop 3.1 error)")
     ctx.check("dherin.sec3.prefix_patch_equals_context", "Dherin §4.3 Eqs 6-9",
               "Φ_(W+(ΔW)_i)(x) = Φ_W(C_i, x) for every prefix C_i, both genuine forward passes (max |diff| over i, "
-              "tasks, output entries; bound 100 eps × max(1, max|output|))", err.max().item(), "<=", bound)
+              "tasks, output entries; bound 100 eps × max(1, max|output|))", err.max().item(), "<=", bound,
+              measure="max |Φ_(W+(ΔW)_i)(x) − Φ_W(C_i, x)|")
     ctx.check("dherin.sec3.control_far_off", "Dherin §4.3 Eqs 6-9 (control)",
               "the unpatched model without context is orders of magnitude further "
               "(log10 of mean control diff / mean patch error)",
-              math.log10(ctrl.mean().item() / max(err.mean().item(), 1e-300)), ">=", 3.0)
-    s = decay_summary(curves["trained"], cfg.dynamics.tail_fraction)
+              math.log10(ctrl.mean().item() / max(err.mean().item(), 1e-300)), ">=", 3.0,
+              measure="log10(control diff / patch error)")
+    # A softmax average over i tokens moves by O(1/i) per added token whatever the weights (a model trained
+    # one step decays 0.057 tail/head, slope −0.92): both decay claims are judged against the untrained
+    # model (same architecture and tasks); the trained model's own ratio and slope are in metrics.csv.
     pct = round(100 * cfg.dynamics.tail_fraction)
     ctx.check("dherin.fig3.increments_decay", SOURCE,
-              f"increments ‖(ΔW)_(i+1) − (ΔW)_i‖₂ decay toward zero: mean over the last {pct}% of i / mean over the "
-              f"first {pct}% (mean over tasks)", s["decay_ratio_tail_to_head"], "<=", 0.1)
-    ctx.check("dherin.fig3.decay_beyond_untrained", SOURCE + " (control)",
-              "the decay is learned, not softmax averaging: the trained model's tail/head ratio over the same ratio "
-              "of the untrained model (same architecture and tasks) is at most one half",
-              decay_vs_control(curves["trained"], curves["untrained"], cfg.dynamics.tail_fraction), "<=", 0.5)
+              f"increments ‖(ΔW)_(i+1) − (ΔW)_i‖₂ decay toward zero because the model learned, not by softmax "
+              f"averaging: tail/head ratio (mean over the last {pct}% of i / the first {pct}%, mean over tasks) of "
+              "the trained model over that of the untrained model, at most one half",
+              decay_vs_control(curves["trained"], curves["untrained"], cfg.dynamics.tail_fraction),
+              "<=", LEARNED_DECAY_BAR, measure="tail/head ratio trained / tail/head ratio untrained")
     ctx.check("dherin.fig3.increments_power_law", SOURCE,
-              "increments decay at least like i^(−1/2): fitted power-law exponent of the mean increment (i ≥ 2)",
-              s["decay_fit_slope"], "<=", -0.5)
+              "the trained increments decay at least i^(−1/2) faster than the untrained model's: fitted power-law "
+              "exponent of the mean increment (i ≥ 2), trained minus untrained",
+              slope_vs_control(curves["trained"], curves["untrained"]), "<=", -0.5,
+              measure="power-law exponent trained − untrained")
 
 
 # -- figure ----------------------------------------------------------------------------------------

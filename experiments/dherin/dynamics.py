@@ -130,6 +130,9 @@ def prefix_model_outputs(model: nn.Module, tokens: Tensor) -> Tensor:
                         for i in range(context.shape[1] + 1)], dim=1)
 
 
+LEARNED_DECAY_BAR = 0.5  # a decay counts as learned when the trained tail/head ratio is at most half the control's
+
+
 def decay_vs_control(trained: np.ndarray, control: np.ndarray, tail_fraction: float) -> float:
     """The trained model's tail/head decay ratio over the control's (an untrained model of the same shape).
 
@@ -138,6 +141,12 @@ def decay_vs_control(trained: np.ndarray, control: np.ndarray, tail_fraction: fl
     increments vanish faster than the architecture alone makes them."""
     ratio = lambda m: decay_summary(m, tail_fraction)["decay_ratio_tail_to_head"]  # noqa: E731
     return float(ratio(trained) / ratio(control))
+
+
+def slope_vs_control(trained: np.ndarray, control: np.ndarray) -> float:
+    """The trained model's fitted power-law exponent minus the control's: how much faster than i^(control
+    slope) its increments vanish (0 when the decay is the architecture's alone)."""
+    return float(decay_summary(trained, 0.5)["decay_fit_slope"] - decay_summary(control, 0.5)["decay_fit_slope"])
 
 
 # -- App. E: the factorized dynamics --------------------------------------------------------------

@@ -130,21 +130,23 @@ def check_claims(ctx: RunContext, dtype: torch.dtype, r: dict[str, Tensor], suff
     ctx.check(f"dherin.eq28.output_kept{suffix}", SOURCE + " Eq 28",
               f"[{name}] Φ_(W_i)(c_(i+1)..c_n, x) = Φ_(W_0)(c_1..c_n, x) at every i, both genuine forward passes "
               "(max |diff| over i, tasks, output entries; bound 100 eps × max(1, max|output|))",
-              eq28.max().item(), "<=", bound)
+              eq28.max().item(), "<=", bound, measure="max |Φ_(W_i)(c_(i+1)..c_n, x) − Φ_(W_0)(C, x)|")
     ctrl = r["eq28_control_unpatched"].double()[1:]
     ctx.check(f"dherin.eq28.control_far_off{suffix}", SOURCE + " Eq 28 (control)",
               f"[{name}] the unpatched model on the remaining tokens is orders of magnitude further "
               "(log10 of mean control / mean error, i ≥ 1)",
-              math.log10(ctrl.mean().item() / max(eq28[1:].mean().item(), 1e-300)), ">=", 3.0)
+              math.log10(ctrl.mean().item() / max(eq28[1:].mean().item(), 1e-300)), ">=", 3.0,
+              measure="log10(control diff / Eq 28 error)")
     ctx.check(f"dherin.eq31.product_form{suffix}", SOURCE + " Eq 31",
               f"[{name}] the product W_0 (1 + h_1 A_1) ⋯ (1 + h_i A_i), run by a forward pass on the remaining "
               "tokens, gives the model's output with the whole context at every i (max |diff|; bound 100 eps × "
-              "max(1, max|output|))", eq31.max().item(), "<=", bound)
+              "max(1, max|output|))", eq31.max().item(), "<=", bound,
+              measure="max |product-form output − Φ_(W_0)(C, x)|")
     rev = r["eq31_control_reversed"].double()[2:]  # with fewer than two factors the order cannot matter
     ctx.check(f"dherin.eq31.control_reversed{suffix}", SOURCE + " Eq 31 (control)",
               f"[{name}] the factors in reverse order miss the output (log10 of mean reversed-order error / "
               "mean product error, i ≥ 2)", math.log10(rev.mean().item() / max(eq31[2:].mean().item(), 1e-300)),
-              ">=", 3.0)
+              ">=", 3.0, measure="log10(reversed-order error / product error)")
 
 
 # -- figure ----------------------------------------------------------------------------------------

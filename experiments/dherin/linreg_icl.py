@@ -87,15 +87,16 @@ def check_claims(ctx: RunContext, dtype: torch.dtype, grid: dict[str, np.ndarray
     scale = max(1.0, float(grid["output"].max()))
     ctx.check("dherin.fig2.patch_equals_context", SOURCE + " right",
               "|Φ_W(C,x) − Φ_(W+ΔW)(x)| on the (x1,x2) grid, mean over tasks, max over the grid "
-              "(bound 100 eps × max(1, max|ŷ|))", grid["patched"].max(), "<=", 100 * eps * scale, paper_value=1e-7)
+              "(bound 100 eps × max(1, max|ŷ|))", grid["patched"].max(), "<=", 100 * eps * scale, paper_value=1e-7,
+              measure="max over the grid of mean |Φ_W(C,x) − Φ_(W+ΔW)(x)|")
     orders = math.log10(grid["no_context"].mean() / max(grid["patched"].mean(), 1e-300))
     ctx.check("dherin.fig2.control_far_off", SOURCE + " (control)",
               "control (unpatched, no context) is worse than the patch by orders of magnitude "
-              "(log10 ratio of mean grid errors)", orders, ">=", 3.0)
+              "(log10 ratio of mean grid errors)", orders, ">=", 3.0, measure="log10(control error / patch error)")
     final = val.iloc[-1]
     ctx.check("dherin.sec4_1.model_learned", "Dherin §4.1",
               "the model learned the task: final validation loss with context / zero-predictor loss",
-              final["val_loss_context"] / zero_loss, "<=", 0.1)
+              final["val_loss_context"] / zero_loss, "<=", 0.1, measure="val. loss / zero-predictor loss")
 
 
 # -- figure ------------------------------------------------------------------------------------

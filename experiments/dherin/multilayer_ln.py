@@ -91,11 +91,12 @@ def check_claims(ctx: RunContext, dtype: torch.dtype, diffs: dict[str, np.ndarra
     ctx.check("dherin.fig5.block_outputs_equal", SOURCE + " right",
               "‖Φ⁽ⁱ⁾(C,x) − Φ⁽ⁱ⁾_patched(x)‖₂ at the query, mean over tasks, max over blocks "
               "(bound 100 eps × the largest mean block-output norm)", per_layer.max(), "<=", 100 * eps * scale,
-              paper_value=1e-6)
+              paper_value=1e-6, measure="max over blocks of mean ‖Φ⁽ⁱ⁾(C,x) − Φ⁽ⁱ⁾_patched(x)‖₂")
     orders = np.log10(diffs["no_context"].mean(0) / np.maximum(per_layer, 1e-300)).min()
     ctx.check("dherin.fig5.control_far_off", SOURCE + " (control)",
               "control (unpatched, without the removed context) is worse than the patch by orders of magnitude "
-              "at every block (min over blocks of log10 ratio of mean L2 differences)", orders, ">=", 3.0)
+              "at every block (min over blocks of log10 ratio of mean L2 differences)", orders, ">=", 3.0,
+              measure="min over blocks of log10(control diff / patch diff)")
     final = val.iloc[-1]
     ctx.check("dherin.fig5.model_learned", SOURCE + " left",
               "the post-LN stack learned the task: final validation loss / zero-predictor loss",

@@ -119,7 +119,7 @@ def pretrained_block(cfg: DictConfig, ctx: RunContext) -> tuple[ContextualBlock,
     final = losses(model, val)["val_loss_context"]
     ctx.check("dherin.sec4_1.model_learned", "Dherin §4.1",
               "the model learned the task: validation loss with context / zero-predictor loss",
-              final / zero_predictor_loss(val), "<=", 0.1)
+              final / zero_predictor_loss(val), "<=", 0.1, measure="val. loss / zero-predictor loss")
     return model, built
 
 

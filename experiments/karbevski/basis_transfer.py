@@ -43,6 +43,7 @@ REF = "Karbevski & Mijoski App. 8.3 Fig. 2"
 PAPER = {"mlp_rel_l2": (0.04, 0.06), "linear_rel_l2_caption": (0.11, 0.14), "linear_rel_l2_text": (0.09, 0.10),
          "mlp_cosine": 0.002, "linear_cosine_min": 0.009}
 MODELS = ("mlp", "linear", "mlp_init")
+PAPER_FACTOR = 0.5  # "the MLP halves the linear map's error": its relative L2 error over the linear map's
 
 
 def _sample(n: int, h: int, generator: torch.Generator, device, dtype) -> torch.Tensor:
@@ -180,18 +181,23 @@ def check_claims(ctx: RunContext, cfg: DictConfig, metrics: pd.DataFrame) -> Non
     rel = metric(metrics, "rel_l2").pivot_table(index="h", columns="model", values="value")
     cos = metric(metrics, "cosine_distance").pivot_table(index="h", columns="model", values="value")
     ctx.check("karbevski.fig2.mlp_beats_linear", REF,
-              "trained skip-GELU MLP over the optimal linear map, relative L2 error, worst width (< 1: the "
-              "MLP is better; the paper reports about 1/2)", (rel["mlp"] / rel["linear"]).max(), "<=", 1.0)
+              "the trained skip-GELU MLP beats the optimal linear map by the paper's factor of 2 (4-6 % against "
+              "9-14 %): relative L2 error of the MLP over the linear map's, worst width, at most 1/2",
+              (rel["mlp"] / rel["linear"]).max(), "<=", PAPER_FACTOR, paper_value=PAPER_FACTOR,
+              measure="rel. L2 error MLP / linear, worst width")
     ctx.check("karbevski.fig2.training_beats_init", REF,
               "control: trained MLP's relative L2 error over the same MLP at initialization, worst width",
-              (rel["mlp"] / rel["mlp_init"]).max(), "<=", 0.5)
+              (rel["mlp"] / rel["mlp_init"]).max(), "<=", 0.5, measure="rel. L2 error trained / at init, worst width")
     lo, hi = PAPER["mlp_rel_l2"]
     ctx.check("karbevski.fig2.mlp_rel_l2", REF, "trained MLP's relative L2 error, worst width, vs the paper's 4-6 %",
               rel["mlp"].max(), "within", (hi - lo) / 2, paper_value=(lo + hi) / 2)
-    lo, hi = PAPER["linear_rel_l2_text"][0], PAPER["linear_rel_l2_caption"][1]
-    ctx.check("karbevski.fig2.linear_rel_l2", REF,
-              "optimal linear map's relative L2 error, mean over widths, vs the paper's 9-14 % (text 9-10 %, "
-              "caption 11-14 %)", rel["linear"].mean(), "within", (hi - lo) / 2, paper_value=(lo + hi) / 2)
+    # The paper gives two readings of the same number; one claim each, never their union (9-14 %).
+    for reading, where in (("text", "App. 8.3 text"), ("caption", "Fig. 2 caption")):
+        lo, hi = PAPER[f"linear_rel_l2_{reading}"]
+        ctx.check(f"karbevski.fig2.linear_rel_l2_{reading}", REF,
+                  f"optimal linear map's relative L2 error, mean over widths, vs the {where}'s "
+                  f"{100 * lo:g}-{100 * hi:g} %", rel["linear"].mean(), "within", (hi - lo) / 2,
+                  paper_value=(lo + hi) / 2, measure="rel. L2 error of the linear map, mean over widths")
     ctx.check("karbevski.fig2.mlp_cosine_distance", REF,
               "trained MLP's mean cosine distance, worst width, vs the paper's ≈ 0.002", cos["mlp"].max(),
               "within", 0.001, paper_value=PAPER["mlp_cosine"])

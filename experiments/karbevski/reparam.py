@@ -16,7 +16,10 @@ SINGULAR_RCOND = 1e-12
 
 
 def require_gl(matrix: torch.Tensor, name: str) -> None:
-    """The constructions need Θ = W_Q ∈ GL(d); refuse anything numerically singular, in one line."""
+    """The constructions need Θ = W_Q ∈ GL(d); refuse anything numerically singular, in one line.
+    Shape-only (meta) tensors, used to count a reduction's parameters at a large shape, have no values."""
+    if matrix.is_meta:
+        return
     s = torch.linalg.svdvals(matrix.double())
     rcond = (s[-1] / s[0]).item() if s[0] > 0 else 0.0
     if not rcond > SINGULAR_RCOND:

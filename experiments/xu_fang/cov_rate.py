@@ -96,22 +96,43 @@ def check_claims(ctx: RunContext, cfg: DictConfig, results: list[dict]) -> None:
     worst = max(results, key=lambda r: abs(r["slope"] + 1.0))
     ctx.check("xu_fang.thm3_6.rate_slope", SOURCE,
               f"E‖X̄_n(q) − m_x(q)‖² ∝ 1/n: log-log slope (n ≥ {cfg.fit_min_n}) of the stream furthest from −1 "
-              "over every (ρ, d) scanned", worst["slope"], "within", k.slope_tolerance, paper_value=-1.0)
+              "over every (ρ, d) scanned", worst["slope"], "within", k.slope_tolerance, paper_value=-1.0,
+              measure="log-log slope of E‖X̄_n − m‖² vs n, worst stream")
     iid = [r["constant"] / r["iid_constant"] for r in results if r["rho"] == 0.0]
     if iid:
         ctx.check("xu_fang.thm3_6.iid_constant", SOURCE + " (τ_α = 1)",
                   "i.i.d. inputs: n·MSE / e^v(tr Σ + ‖m‖²) (our closed-form constant) → 1, the d furthest from 1",
-                  max(iid, key=lambda v: abs(v - 1.0)), "within", k.constant_tolerance, paper_value=1.0)
+                  max(iid, key=lambda v: abs(v - 1.0)), "within", k.constant_tolerance, paper_value=1.0,
+                  measure="n·MSE / e^v(tr Σ + ‖m‖²), worst d")
+    # The growth claims judge its size, not only its sign (a bar of 1 is "no growth"): each successive pair's
+    # measured growth over the predicted one, the pair furthest from 1.
     rhos = sorted((r for r in results if r["variant"] == "rho"), key=lambda r: r["rho"])
     if len(rhos) > 1:
-        growth = min(b["constant"] / a["constant"] for a, b in zip(rhos, rhos[1:], strict=False))
         ctx.check("xu_fang.thm3_6.constant_grows_with_tau", SOURCE + " (C₁ τ_α tr Σ)",
-                  "the constant grows with τ_α: smallest ratio of n·MSE between successive ρ", growth, ">=", 1.0)
+                  "the constant grows with the correlation by the predicted size: between successive ρ, the growth "
+                  "of n·MSE / e^v(tr Σ + ‖m‖²) (each stream's own i.i.d. constant, so the Σ draws cancel) over the "
+                  "growth of the AR(1) long-run variance factor (1+ρ)/(1−ρ) (×2–4 here), the pair furthest from 1",
+                  worst_growth(rhos, lambda r: r["constant"] / r["iid_constant"], lambda r: ar1_factor(r["rho"])),
+                  "within", k.growth_tolerance, paper_value=1.0,
+                  measure="measured growth / (1+ρ)/(1−ρ) growth, worst pair")
     dims = sorted((r for r in results if r["variant"] == "dim"), key=lambda r: r["trace"])
     if len(dims) > 1:
-        growth = min(b["constant"] / a["constant"] for a, b in zip(dims, dims[1:], strict=False))
         ctx.check("xu_fang.thm3_6.constant_grows_with_trace", SOURCE + " (C₁ τ_α tr Σ)",
-                  "the constant grows with tr Σ: smallest ratio of n·MSE between successive d", growth, ">=", 1.0)
+                  "the constant grows in proportion to tr Σ: between successive d, the growth of n·MSE over the "
+                  "growth of tr Σ, the pair furthest from 1", worst_growth(dims, lambda r: r["constant"],
+                                                                         lambda r: r["trace"]),
+                  "within", k.growth_tolerance, paper_value=1.0, measure="n·MSE growth / tr Σ growth, worst pair")
+
+
+def ar1_factor(rho: float) -> float:
+    """Σ_k ρ^|k| = (1+ρ)/(1−ρ): how much an AR(1) stream inflates the variance of a linear mean over i.i.d."""
+    return (1.0 + rho) / (1.0 - rho)
+
+
+def worst_growth(rows: list[dict], measured, predicted) -> float:
+    """Over successive rows, (measured(b)/measured(a)) / (predicted(b)/predicted(a)); the one furthest from 1."""
+    ratios = [(measured(b) / measured(a)) / (predicted(b) / predicted(a)) for a, b in zip(rows, rows[1:], strict=False)]
+    return max(ratios, key=lambda v: abs(v - 1.0))
 
 
 # -- figure ------------------------------------------------------------------------------------

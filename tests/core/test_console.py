@@ -39,6 +39,12 @@ def test_numbers_are_compact():
          "claim PASS a.b: measured 84.9503 within 0.005 of the paper's 84.95"),
         (dict(claim="old", measured=2.0, tolerance=0.00011920928955078125, passed=False),
          "claim FAIL old: measured 2 (tolerance 0.000119)"),
+        # with a `measure` label the line says what the number is
+        (dict(id="a.b", measured=7.0, comparison=">=", tolerance=1.0, passed=True,
+              measure="log10(control L∞ / patched L∞)"),
+         "claim PASS a.b: log10(control L∞ / patched L∞) = 7 >= 1 (bar to clear)"),
+        (dict(id="a.b", measured=0.5, comparison="<=", tolerance=1.0, passed=True, measure=float("nan")),
+         "claim PASS a.b: measured 0.5 <= 1 (bound)"),  # an empty label read back from claims.csv
     ],
 )
 def test_claim_lines_read_the_tolerance_per_comparison(row, expected):

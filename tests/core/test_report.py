@@ -24,7 +24,7 @@ from experiments.core.report import (  # noqa: E402
     update_readme,
     write_report,
 )
-from experiments.core.results import CHECK_COLUMNS  # noqa: E402
+from experiments.core.results import CHECK_COLUMNS  # noqa: E402  (claims.csv as written before `measure`)
 from tests.conftest import run_cli  # noqa: E402
 
 
@@ -171,3 +171,63 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     assert present((0xB0, 0x00, 0x20)) > 20  # the red "FAIL" text
     assert present((0xFD, 0xE8, 0xE8), tol=4) > 500  # the failed row's background
     assert present((31, 119, 180), tol=30) > 30  # the figure's blue curve: the base64 image decoded
+
+
+def _sweep(root: Path, experiment: str, start: str, jobs: list[tuple[str, float, bool]], preset="smoke",
+           statuses=None) -> Path:
+    sweep = root / experiment / "multirun" / start.replace(":", "-")
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    for i, (claim_id, measured, passed) in enumerate(jobs):
+        status = (statuses or {}).get(str(i), "complete")
+        make_run(sweep / str(i), experiment, start[:-1] + str(i), [claim(claim_id, measured, passed)]
+                 if status == "complete" else None, status=status, preset=preset)
+    return sweep
+
+
+def test_a_paper_run_outranks_a_later_smoke_sweep(tmp_path):
+    """The Quick start's paper run (all claims pass), then a smoke sweep: the report shows the paper run and
+    says why, --strict judges the paper run, and the sweep's interrupted and running jobs are counted."""
+    root = tmp_path / "results"
+    make_run(root / "linreg_icl" / "paper", "linreg_icl", "2026-01-01T00:00:00",
+             [claim("dherin.fig2.patch_equals_context", 1e-8, True), claim("dherin.fig2.learned", 0.05, True)],
+             preset="paper")
+    _sweep(root, "linreg_icl", "2026-01-02T00:00:00",
+           [("dherin.fig2.learned", 0.9, False)] * 3, statuses={"1": "interrupted", "2": "running"})
+    make_run(root / "linreg_icl" / "died", "linreg_icl", "2026-01-03T00:00:00", status="interrupted")
+    rep = build_report(root)
+    assert {str(r.path.relative_to(root)) for r in rep.runs} == {"linreg_icl/paper"}
+    assert rep.n_failed_claims == 0
+    why = rep.reasons["linreg_icl"]
+    assert "preset=paper" in why and "highest preset" in why and "1 newer smoke run(s)" in why
+    assert rep.not_complete_counts() == {"interrupted": 2, "running": 1}
+    md = render_markdown(rep)
+    assert "2/2 claims passed over 1 run(s) shown; 3 of the 5 run(s) found not complete (2 interrupted, " \
+           "1 running)" in md
+    assert "Shown: run at preset=paper" in md
+    proc = run_cli("report", str(root), "--strict")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "passed over: 1 newer smoke run(s)" in proc.stdout
+
+
+def test_smoke_failures_are_expected_and_a_sweep_claim_is_shown_once(tmp_path):
+    root = tmp_path / "results"
+    _sweep(root, "cov_rate", "2026-01-02T00:00:00",
+           [("xu_fang.thm3_6.rate_slope", v, ok) for v, ok in ((0.5, True), (0.9, True), (2.0, False))])
+    rep = build_report(root)
+    assert len(rep.claims) == 3 and len(rep.shown) == 1  # one row per job read, one row shown
+    row = rep.shown.iloc[0]
+    assert (row["measured_min"], row["measured_max"], row["jobs"], row["jobs_passed"]) == (0.5, 2.0, 3, 2)
+    assert row["expected"] and rep.n_failed_claims == 0 and rep.n_expected_failures == 1
+    md = render_markdown(rep)
+    assert "| 0.5 … 2 (3 jobs) |" in md and "fail (expected at smoke)" in md
+    assert "0/1 claims passed (1 failed as expected at preset=smoke, not counted by --strict)" in md
+    assert run_cli("report", str(root), "--strict").returncode == 0
+    # the same sweep at preset=cpu: its failure counts, once, with how many jobs failed
+    cpu = tmp_path / "cpu"
+    _sweep(cpu, "cov_rate", "2026-01-02T00:00:00",
+           [("xu_fang.thm3_6.rate_slope", v, ok) for v, ok in ((0.5, True), (2.0, False))], preset="cpu")
+    rep = build_report(cpu)
+    assert rep.n_failed_claims == 1 and "**FAIL** (1 of 2 jobs)" in render_markdown(rep)
+    proc = run_cli("report", str(cpu), "--strict")
+    assert proc.returncode == 1 and "1 claim(s) failed" in proc.stdout

@@ -78,17 +78,24 @@ def test_claims_are_measured(smoke_run):
     assert not learned.passed and learned.measured > 0.1  # 30 steps do not teach the task
     decay = c[c.id.isin(["dherin.fig3.increments_decay", "dherin.fig3.increments_power_law"])]
     assert len(decay) == 2
-    # the decay claim carries its control: the untrained model's ratio is in it
+    # both decay claims carry their control: the untrained model's ratio and slope are in them
     ratios = pd.read_csv(smoke_run / "metrics.csv")
     m_ratios = ratios[ratios.metric == "decay_ratio_tail_to_head"].set_index("variant").value
-    controlled = c.set_index("id").loc["dherin.fig3.decay_beyond_untrained"]
+    m_slopes = ratios[ratios.metric == "decay_fit_slope"].set_index("variant").value
+    controlled = c.set_index("id").loc["dherin.fig3.increments_decay"]
     assert controlled.measured == pytest.approx(m_ratios["trained"] / m_ratios["untrained"], rel=1e-6)
     assert not controlled.passed  # 30 steps: trained and untrained decay alike, and the claim says so
-    # the decay claim is the summary of the logged curve, not a separate number
+    slope = c.set_index("id").loc["dherin.fig3.increments_power_law"]
+    assert slope.measured == pytest.approx(m_slopes["trained"] - m_slopes["untrained"], rel=1e-6)
+    assert not slope.passed
+    # the decay claim is the summary of the logged curves, not a separate number
     m = pd.read_csv(smoke_run / "metrics.csv")
-    rows = m[(m.metric == "increment_norm_op2") & (m.variant == "trained")]
-    curve = rows.groupby("context_length").value.mean().to_numpy()
-    assert decay.measured.iloc[0] == pytest.approx(decay_summary(curve, 0.1)["decay_ratio_tail_to_head"], rel=1e-6)
+    ratio = {}
+    for variant in ("trained", "untrained"):
+        rows = m[(m.metric == "increment_norm_op2") & (m.variant == variant)]
+        curve = rows.groupby("context_length").value.mean().to_numpy()
+        ratio[variant] = decay_summary(curve, 0.1)["decay_ratio_tail_to_head"]
+    assert controlled.measured == pytest.approx(ratio["trained"] / ratio["untrained"], rel=1e-6)
 
 
 def test_decay_summary_of_a_power_law():

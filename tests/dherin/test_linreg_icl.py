@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from experiments.core.results import CHECK_COLUMNS
+from experiments.core.results import CLAIM_COLUMNS
 from tests.dherin.figure_checks import assert_drawn
 
 FIGURE = "fig2_linreg_icl"
@@ -64,7 +64,7 @@ def test_metrics_are_tidy_and_complete(smoke_run):
 
 def test_claims_are_measured(smoke_run):
     c = pd.read_csv(smoke_run / "claims.csv")
-    assert list(c.columns) == CHECK_COLUMNS
+    assert list(c.columns) == CLAIM_COLUMNS
     passed = dict(zip(c.id, c.passed, strict=True))
     assert sorted(passed) == sorted(["dherin.fig2.val_loss_context_equals_patch", "dherin.fig2.patch_equals_context",
                                      "dherin.fig2.control_far_off", "dherin.sec4_1.model_learned"])

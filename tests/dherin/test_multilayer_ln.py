@@ -6,7 +6,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from experiments.core.results import CHECK_COLUMNS
+from experiments.core.results import CLAIM_COLUMNS
 from tests.dherin.figure_checks import assert_drawn
 
 FIGURE = "fig5_multilayer_ln"
@@ -60,7 +60,7 @@ def test_every_block_matches_at_rounding_level(smoke_run):
 
 def test_claims_are_measured(smoke_run):
     c = pd.read_csv(smoke_run / "claims.csv")
-    assert list(c.columns) == CHECK_COLUMNS and len(c) == 4
+    assert list(c.columns) == CLAIM_COLUMNS and len(c) == 4
     passed = dict(zip(c.id, c.passed, strict=True))
     assert passed["dherin.fig5.val_loss_context_equals_patch"] and passed["dherin.fig5.block_outputs_equal"]
     assert passed["dherin.fig5.control_far_off"]

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.core.results import CHECK_COLUMNS
+from experiments.core.results import CLAIM_COLUMNS
 from experiments.data.linreg import sample_prompts
 from experiments.dherin.dynamics import prefix_patches
 from experiments.dherin.models.linreg import predict
@@ -98,29 +98,32 @@ def test_increments_for_both_contextual_layers(smoke_run):
     m = pd.read_csv(smoke_run / "metrics.csv")
     inc = m[m.metric == "increment_norm_op2"]
     for layer in ("rnn", "attention"):
-        s = inc[inc.contextual == layer]
-        assert len(s) == 8 * 19 and sorted(s.context_length.unique()) == list(range(1, 20))
-        assert (s.value > 0).all() and s.value.notna().all()
-    ratios = m[m.metric == "decay_ratio_tail_to_head"].set_index("contextual").value
-    assert set(ratios.index) == {"rnn", "attention"}
+        for variant in ("trained", "untrained"):  # beside each trained model, its control at initialisation
+            s = inc[(inc.contextual == layer) & (inc.variant == variant)]
+            assert len(s) == 8 * 19 and sorted(s.context_length.unique()) == list(range(1, 20))
+            assert (s.value > 0).all() and s.value.notna().all()
+    ratios = m[m.metric == "decay_ratio_tail_to_head"].set_index(["contextual", "variant"]).value
+    assert set(ratios.index) == {(c, v) for c in ("rnn", "attention") for v in ("trained", "untrained")}
     # the ratio is recomputable from the per-task rows (what the claims use): tail 2 of 19 over head 2
-    rnn = inc[inc.contextual == "rnn"].groupby("context_length").value.mean()
-    assert ratios["rnn"] == pytest.approx(rnn.iloc[-2:].mean() / rnn.iloc[:2].mean(), rel=1e-9)
+    rnn = inc[(inc.contextual == "rnn") & (inc.variant == "trained")].groupby("context_length").value.mean()
+    assert ratios["rnn", "trained"] == pytest.approx(rnn.iloc[-2:].mean() / rnn.iloc[:2].mean(), rel=1e-9)
 
 
 def test_claims_are_measured(smoke_run):
     c = pd.read_csv(smoke_run / "claims.csv")
-    assert list(c.columns) == CHECK_COLUMNS and len(c) == 7
+    assert list(c.columns) == CLAIM_COLUMNS and len(c) == 7
     passed = dict(zip(c.id, c.passed, strict=True))
     assert passed["dherin.fig6.val_loss_context_equals_patch"] and passed["dherin.fig6.patch_equals_context"]
     assert passed["dherin.fig6.control_far_off"]
     learned = c.set_index("id").loc["dherin.fig6.model_learned"]
     assert not learned.passed and learned.measured > 0.5  # 30 steps do not teach the task; it says so
     m = pd.read_csv(smoke_run / "metrics.csv")
-    ratio = m[m.metric == "decay_ratio_tail_to_head"].set_index("contextual").value
-    by_id = c.set_index("id").measured
-    assert by_id["dherin.fig6.rnn_increments_do_not_decay"] == pytest.approx(ratio["rnn"])
-    assert by_id["dherin.fig6.attention_increments_decay"] == pytest.approx(ratio["attention"])
+    r = m[m.metric == "decay_ratio_tail_to_head"].set_index(["contextual", "variant"]).value
+    by_id = c.set_index("id").measured  # each judged against the untrained models
+    contrast = (r["rnn", "trained"] / r["attention", "trained"]) / (r["rnn", "untrained"] / r["attention", "untrained"])
+    assert by_id["dherin.fig6.rnn_increments_do_not_decay"] == pytest.approx(contrast)
+    assert by_id["dherin.fig6.attention_increments_decay"] == pytest.approx(
+        r["attention", "trained"] / r["attention", "untrained"])
 
 
 def test_plot_rerenders_from_csvs_alone(smoke_run, tmp_path, icl):

@@ -77,3 +77,29 @@ def test_export_errors_are_one_line_and_leave_nothing(tmp_path):
     assert res.returncode == 2 and "without config.json" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert not any((tmp_path / d).exists() for d in ("x", "y", "z"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_export_control_fails_when_the_checkpoint_is_not_patched(tmp_path, monkeypatch, dtype):
+    """The bfloat16 export's only claim was top-1 agreement, which an unpatched model often has too. Its
+    control: the exported checkpoint must be far closer to the with-context logits than the unpatched
+    model on the query alone. Exporting the unpatched model (RUN/base copied over RUN/patched) fails it."""
+    import shutil
+
+    from experiments.patching import export
+    from tests.in_process import run_claims
+
+    args = ("model=tiny-llama", "variant=closed_loop", f"dtype={dtype}", "prompt=Write a haiku about snow.")
+    claim = "goldwaser.export.control_differs"
+    real = run_claims("patch_export", tmp_path / "real", *args)
+    assert real.loc[claim, "passed"] and real.loc["goldwaser.export.top1_reproduced", "passed"]
+    patch = export.export_patched
+
+    def unpatched(bundle, prompt, out_dir, *rest):
+        summary = patch(bundle, prompt, out_dir, *rest)
+        shutil.copytree(out_dir / "base", out_dir / "patched", dirs_exist_ok=True)
+        return summary
+
+    monkeypatch.setattr(export, "export_patched", unpatched)
+    broken = run_claims("patch_export", tmp_path / "unpatched", *args)
+    assert not broken.loc[claim, "passed"] and abs(broken.loc[claim, "measured"]) < 0.1  # the same model twice

@@ -4,15 +4,18 @@ draws Table 1 as a picture, and its claims failing on a deliberately wrong input
 from __future__ import annotations
 
 import json
+import shutil
 
 import pandas as pd
 import pytest
 
 from experiments.core.results import RunContext
 from experiments.goldwaser.patch_match import check_claims
+from tests.goldwaser.near_ties import assert_misses_are_near_ties
 from tests.goldwaser.test_gemma_match import _cli
 
 
+@pytest.mark.numeric  # the issue-21 failure: bfloat16 top-1 on an AVX2 machine
 def test_smoke_run_on_gpt2_bfloat16_writes_metrics_and_claims(tmp_path):
     run_dir = tmp_path / "run"
     res = _cli("run", "patch_match", "preset=smoke", "model=tiny-gpt2", "dtype=bfloat16", f"hydra.run.dir={run_dir}")
@@ -21,11 +24,26 @@ def test_smoke_run_on_gpt2_bfloat16_writes_metrics_and_claims(tmp_path):
     m = pd.read_csv(run_dir / "metrics.csv")
     assert set(m["family"]) == {"GPT-2"} and set(m["variant"]) == {"closed_loop"}
     top1 = m[m["metric"] == "top1_match"]
-    assert len(top1) == 12 and top1["value"].mean() == 1.0  # 2 prompts x 6 tokens, closed loop in bf16
-    claims = pd.read_csv(run_dir / "claims.csv")
-    assert set(claims["id"]) == {"goldwaser.fig4.closed_loop_bfloat16_top1_match",
+    assert len(top1) == 12  # 2 prompts x 6 tokens, closed loop in bf16
+    # bfloat16 rounds differently per CPU kernel set: a miss is allowed only where the with-context top-2
+    # logits are within bfloat16 rounding of each other (12/12 with AVX-512 and the default kernels, 11/12
+    # with AVX2, where step 5 of prompt 0 has a gap of 0.03 at max |logit| 9.75)
+    assert_misses_are_near_ties(run_dir)
+    claims = pd.read_csv(run_dir / "claims.csv").set_index("id")
+    assert set(claims.index) == {"goldwaser.fig4.closed_loop_bfloat16_top1_match",
                                  "goldwaser.fig3.closed_loop_bfloat16_control_differs"}
-    assert claims["passed"].all()
+    match = claims.loc["goldwaser.fig4.closed_loop_bfloat16_top1_match"]
+    assert match["measured"] == pytest.approx(100 * top1["value"].mean())
+    assert bool(match["passed"]) == (match["measured"] >= match["tolerance"])
+    assert claims.loc["goldwaser.fig3.closed_loop_bfloat16_control_differs", "passed"]
+    # the near-tie check can fail: a miss where the top-2 gap is wide is not excused
+    wide = run_dir.parent / "wide"
+    shutil.copytree(run_dir, wide)
+    # prompt 0, step 1: a top-2 gap of more than one logit unit, far above bfloat16 rounding
+    m.loc[(m["metric"] == "top1_match") & (m["prompt"] == 0) & (m["step"] == 1), "value"] = 0.0
+    m.to_csv(wide / "metrics.csv", index=False)
+    with pytest.raises(AssertionError, match="not bfloat16 near ties"):
+        assert_misses_are_near_ties(wide)
 
 
 @pytest.mark.slow  # four jobs, a minute or more on a busy 2-core machine

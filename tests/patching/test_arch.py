@@ -17,6 +17,8 @@ from experiments.patching.arch import adapter_for, check_variant
 from experiments.patching.generate import compare_generation, logit_comparison, patched_generate
 from experiments.patching.patcher import Patcher
 
+pytestmark = pytest.mark.numeric  # rounding-level bounds: CI runs them again under another CPU kernel set
+
 PROMPT = "Write a haiku about the first snow of winter."
 
 

@@ -10,6 +10,8 @@ import torch
 
 from experiments.patching import lemmas
 
+pytestmark = pytest.mark.numeric  # rounding-level bounds: CI runs them again under another CPU kernel set
+
 F64 = torch.float64
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.core.results import CHECK_COLUMNS
+from experiments.core.results import CLAIM_COLUMNS
 from tests.conftest import run_cli
 from tests.dherin.figure_checks import assert_drawn
 
@@ -49,7 +49,7 @@ def test_run_folder_is_complete(runs, name):
     metrics, claims, record = load(runs[name])
     assert record["status"] == "complete" and record["preset"] == "smoke"
     assert record["claims_total"] == len(claims) > 0
-    assert list(claims.columns) == CHECK_COLUMNS
+    assert list(claims.columns) == CLAIM_COLUMNS
     assert claims["id"].str.startswith("xu_fang.").all() and claims["id"].is_unique
     assert claims["measured"].map(math.isfinite).all()
     # passed is what the comparison says of measured, tolerance and paper value (not typed in)

@@ -1,0 +1,29 @@
+"""Run an experiment in this process on a composed config, so a test can hand it a broken input
+(a monkeypatched function) and read the claims it then records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+
+def compose(name: str, *overrides: str, preset: str = "smoke") -> DictConfig:
+    """The config `icl-exp run NAME preset=PRESET OVERRIDES` composes (Hydra's compose API)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from experiments.core.registry import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", [f"experiment={name}", f"preset={preset}", "device=cpu", *overrides])
+
+
+def run_claims(name: str, run_dir: Path, *overrides: str, preset: str = "smoke") -> pd.DataFrame:
+    """The experiment run through the real runner (run.json, seeding, CSVs, figures); its claims by id."""
+    from experiments.core.runner import run
+
+    cfg = compose(name, *overrides, preset=preset)
+    ctx = run(name, cfg, Path(run_dir), "in-process", list(overrides), preset=preset)
+    return ctx.claims().set_index("id")
