@@ -140,7 +140,8 @@ def layer_gains(patcher, query, caps, keep: dict, delta_rel: float, generator) -
     from experiments.goldwaser.layer_gain import gain, layer_calls, random_direction
 
     out = []
-    for index, (call, cap) in enumerate(zip(layer_calls(patcher.model, patcher.layers, query), caps, strict=True)):
+    calls = layer_calls(patcher.lm, patcher.layers, query)  # the decoder body: no LM head needed
+    for index, (call, cap) in enumerate(zip(calls, caps, strict=True)):
         prefix = patcher.layer_names[index] + "."
         params = {name[len(prefix):]: t for name, t in keep.items() if name.startswith(prefix)}
         if not params:

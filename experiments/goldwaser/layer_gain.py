@@ -45,7 +45,8 @@ class LayerCall:
 
 @torch.no_grad()
 def layer_calls(model: nn.Module, layers: nn.ModuleList, query: Tensor) -> list[LayerCall]:
-    """Each layer's arguments in the model's own forward of the one token `query` without a cache."""
+    """Each layer's arguments in `model`'s own forward of the one token `query` without a cache (`model` the
+    causal LM, or its decoder body alone, which skips the LM head)."""
     calls: list[LayerCall | None] = [None] * len(layers)
 
     def keep(index: int):
