@@ -79,7 +79,7 @@ def validate(cfg: DictConfig) -> None:
 
 # -- the run -------------------------------------------------------------------------------------
 def run(cfg: DictConfig, ctx: RunContext) -> None:
-    """Per dtype (the model loaded in it), per variant, per prompt and token: `measure_token`."""
+    """Per dtype (the model loaded in it), per variant, per prompt and token: `measure_prompt`."""
     from experiments.core.runtime import resolve_dtype
     from experiments.goldwaser.gemma_models import encode_prompt, threads_for
     from experiments.goldwaser.patch_models import load_model
