@@ -1,0 +1,177 @@
+"""layer_errors — Goldwaser et al. Alg. 1 and the closed loop on trained weights, layer by layer: is it the
+algorithm or the implementation?
+
+Setup. Each prompt is generated greedily with its context; at every token the query alone runs through the
+patched model (experiments/patching/patcher.py), for each dtype (float32, and float64 that is float64 end to
+end) and each variant: naive (Alg. 1, open loop), closed_loop_scale (Thm 10 alone, inside the closed loop),
+closed_loop (W_down conditioned so Thm 10 divides by ±1). Per layer it records
+- hidden_rel: max |x′_l − x_l| / max |x_l|, the patched pass against the with-context pass, and dm_linf,
+  the largest entry of the layer's output update (Δm for Gemma's post-MLP scale);
+- the layer's gain measured directly: the patched layer alone (its patched tensors substituted), at the
+  with-context input x_l, ‖T′(x + δ) − T′(x)‖ / ‖δ‖ for a random δ, beside the original layer's gain for
+  the same x and δ (the control), absolute and relative (`layer_gain.gain`);
+and per token the logits' agreement and the one-ulp sensitivity of the whole patched model (every layer's
+patched tensors, embedding output moved by one ulp) beside the unpatched model's.
+
+If the open loop's error grows by the same factor per layer in float64 as in float32, rounding is not what
+grows it: the patched layers amplify whatever input error they get (their gain against the original's
+says by how much), so the algorithm, not this implementation, is what float64 cannot absorb. The closed
+loop on the same weights, the same code path, exact at every layer, is the control on the implementation.
+Claims: experiments/goldwaser/layer_errors_claims.py; figure: layer_errors_plot.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from omegaconf import DictConfig, ListConfig
+
+from experiments.core.errors import UserError
+from experiments.core.progress import progress
+from experiments.core.registry import Experiment
+from experiments.core.results import RunContext
+from experiments.core.validation import require_positive
+from experiments.goldwaser.layer_errors_claims import check_claims
+from experiments.goldwaser.layer_errors_plot import plot
+from experiments.patching.arch import VARIANTS
+
+DTYPES = ("float32", "float64")
+
+
+# -- config --------------------------------------------------------------------------------------
+def _names(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> list[str]:
+    value = cfg.get(key)
+    if not isinstance(value, (list, ListConfig)) or not value:
+        raise UserError(f"{key}= must be a non-empty list like [{','.join(allowed[:2])}]")
+    names = [str(v) for v in value]
+    for name in names:
+        if name not in allowed:
+            raise UserError(f"{key}: {name!r} is not one of {', '.join(allowed)}")
+    if len(set(names)) != len(names):
+        raise UserError(f"{key}= lists {names}: each at most once")
+    return names
+
+
+def validate(cfg: DictConfig) -> None:
+    """Everything checkable before a run folder exists, the model's architecture and variants included."""
+    from experiments.core.runtime import resolve_device, resolve_dtype
+    from experiments.goldwaser.patch_models import check_model
+    from experiments.patching.arch import adapter_for, check_variant
+
+    dtypes = _names(cfg, "dtypes", DTYPES)
+    variants = _names(cfg, "variants", VARIANTS)
+    require_positive(cfg, "max_new_tokens")
+    prompts = cfg.get("prompts")
+    if not isinstance(prompts, (list, ListConfig)) or not prompts or not all(str(p).strip() for p in prompts):
+        raise UserError("prompts= must be a non-empty list of non-empty prompts, like [\"Hi.\"]")
+    for dtype in dtypes:
+        rel = float(cfg.delta_rel[dtype]) if dtype in cfg.get("delta_rel", {}) else float("nan")
+        if not 0.0 < rel < 1.0:
+            raise UserError(f"delta_rel.{dtype} must be in (0, 1): the size of δ relative to the layer's input")
+    if not str(cfg.model).strip():
+        raise UserError("model= is empty: give gemma-3-270m, a local folder, or an offline model such as tiny-gemma3")
+    device = resolve_device(str(cfg.get("device", "auto")))
+    config = check_model(str(cfg.model), max((resolve_dtype(d) for d in dtypes), key=lambda t: t.itemsize), device)
+    adapter = adapter_for(config.model_type)
+    for variant in variants:
+        check_variant(adapter, variant)
+
+
+# -- the run -------------------------------------------------------------------------------------
+def run(cfg: DictConfig, ctx: RunContext) -> None:
+    """Per dtype (the model loaded in it), per variant, per prompt and token: `measure_prompt`."""
+    from experiments.core.runtime import resolve_dtype
+    from experiments.goldwaser.gemma_models import encode_prompt, threads_for
+    from experiments.goldwaser.patch_models import load_model
+
+    validate(cfg)
+    dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", VARIANTS)
+    prompts, n_tokens = [str(p) for p in cfg.prompts], int(cfg.max_new_tokens)
+    total = len(dtypes) * len(variants) * len(prompts) * n_tokens
+    with progress(total, ctx.experiment) as bar:
+        for dtype in dtypes:
+            bundle = load_model(str(cfg.model), resolve_dtype(dtype), ctx.device, seed=int(cfg.seed))
+            encoded = [encode_prompt(bundle, text, None, bool(cfg.chat_template), ctx.device) for text in prompts]
+            index = dict(model=str(cfg.model), preset=str(cfg.get("preset", "")), dtype=dtype)
+            original_sensitivity: dict = {}  # the unpatched model's: the same for every variant
+            with threads_for(bundle.model):
+                for variant in variants:
+                    for p, inputs in enumerate(encoded):
+                        for result in measure_prompt(bundle.model, variant, inputs, n_tokens,
+                                                     float(cfg.delta_rel[dtype]), int(cfg.seed), original_sensitivity,
+                                                     key=p):
+                            log_token(ctx, result, variant=variant, prompt=p, **index)
+                            bar.advance(1, info=f"{dtype} {variant} prompt {p + 1}/{len(prompts)}")
+            del bundle
+    check_claims(ctx, ctx.metrics())
+
+
+def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: float, seed: int,
+                   original_sensitivity: dict, key=0):
+    """Greedy generation with the context; at each token the patched pass and its per-layer measurements.
+    `original_sensitivity` caches the unpatched model's one-ulp sensitivity by (key, token position)."""
+    import torch
+
+    from experiments.goldwaser.layer_gain import one_ulp_sensitivity
+    from experiments.patching.generate import logit_comparison
+    from experiments.patching.patcher import Patcher
+
+    patcher = Patcher(model, variant)
+    ids = inputs["input_ids"]
+    prefix = {k: v[:, :-1] for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
+    cache, query = (patcher.prefill(prefix) if ids.shape[1] > 1 else None), ids[:, -1:]
+    for step in range(n_tokens):
+        context, caps, cache = patcher.context_step({"input_ids": query}, cache)
+        keep: dict = {}
+        patched = patcher.patched_pass(query, caps, keep=keep)
+        gains = layer_gains(patcher, query, caps, keep, delta_rel, torch.Generator().manual_seed(seed + step))
+        if (key, step) not in original_sensitivity:
+            original_sensitivity[key, step] = one_ulp_sensitivity(model, query)
+        yield dict(step=step, token_id=int(query.view(-1)[0]), patched=patched, gains=gains,
+                   logits=logit_comparison(context, patched.logits),
+                   one_ulp_patched=one_ulp_sensitivity(model, query, keep),
+                   one_ulp_original=original_sensitivity[key, step])
+        query = context.argmax().view(1, 1).to(ids.device)
+
+
+def layer_gains(patcher, query, caps, keep: dict, delta_rel: float, generator) -> list[dict[str, float]]:
+    """Per layer, at the with-context input x_l and for one random δ (the same for both): the gain of the
+    layer with its patched tensors and of the original layer, absolute and relative."""
+    from experiments.goldwaser.layer_gain import gain, layer_calls, random_direction
+
+    out = []
+    calls = layer_calls(patcher.lm, patcher.layers, query)  # the decoder body: no LM head needed
+    for index, (call, cap) in enumerate(zip(calls, caps, strict=True)):
+        prefix = patcher.layer_names[index] + "."
+        params = {name[len(prefix):]: t for name, t in keep.items() if name.startswith(prefix)}
+        if not params:
+            raise RuntimeError(f"layer {index}: the patched pass kept no patched tensors")
+        x = cap.x_in.to(patcher.dtype)
+        delta = random_direction(x, delta_rel, generator)
+        g_patched, g_patched_rel = gain(functools.partial(call.run, params=params), x, delta)
+        g_original, g_original_rel = gain(call.run, x, delta)
+        out.append(dict(gain_patched=g_patched, gain_original=g_original,
+                        gain_rel_patched=g_patched_rel, gain_rel_original=g_original_rel))
+    return out
+
+
+def log_token(ctx: RunContext, result: dict, **index) -> None:
+    idx = dict(index, token=result["step"], token_id=result["token_id"])
+    ctx.log_many(result["logits"], **idx)
+    ctx.log_many({k: result[k] for k in ("one_ulp_patched", "one_ulp_original")}, **idx)
+    patched = result["patched"]
+    for layer, (rel, stats, gains) in enumerate(zip(patched.hidden_rel, patched.layer_stats, result["gains"],
+                                                    strict=True)):
+        ctx.log_many(dict(hidden_rel=rel, dm_linf=stats.dm_linf, **gains), layer=layer, **idx)
+
+
+EXPERIMENT = Experiment(
+    name="layer_errors",
+    paper="Goldwaser et al.",
+    figures="Alg. 1, App. B (per layer)",
+    description="per-layer error, gain and one-ulp sensitivity of the open vs closed loop, float32 and float64",
+    run=run,
+    plot=plot,
+    validate=validate,
+    free_form_keys=("prompts", "dtypes", "variants", "delta_rel"),
+)

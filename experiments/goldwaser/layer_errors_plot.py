@@ -1,0 +1,92 @@
+"""layer_errors' figure, from metrics.csv alone: per layer, the patched pass's relative hidden error (one panel
+per dtype, one line per variant: the median over tokens, the band min–max), the patched layer's gain over
+the original layer's, and the output update's size max |Δm|."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
+
+from experiments.core.plotting import new_figure, save_figure
+
+COLORS = {"naive": "tab:red", "stable": "tab:orange", "closed_loop_scale": "tab:purple", "closed_loop": "tab:green"}
+LABELS = {"naive": "naive (Alg. 1, open loop)", "stable": "stable (App. B, open loop)",
+          "closed_loop_scale": "closed loop, Thm 10 alone", "closed_loop": "closed loop, W_down conditioned"}
+STYLE = {"float32": "--", "float64": "-"}
+# naive and closed_loop_scale compute the same Thm-10 update (their gains and max |Δm| coincide): distinct
+# markers and widths keep both visible where the lines lie on each other
+MARKERS = {"naive": ("o", 2.2), "stable": ("^", 1.2), "closed_loop_scale": ("x", 1.0), "closed_loop": ("s", 1.2)}
+FLOOR = 1e-20  # exact zeros on a log axis
+
+
+def _by_layer(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.groupby("layer")["value"].agg(["median", "min", "max"]).reset_index()
+
+
+def _band(ax, rows: pd.DataFrame, variant: str, ls: str, label: str) -> None:
+    s = _by_layer(rows)
+    x = s["layer"].to_numpy()
+    color, (marker, lw) = COLORS[variant], MARKERS[variant]
+    ax.semilogy(x, np.maximum(s["median"].to_numpy(), FLOOR), ls, color=color, marker=marker, ms=3.5, lw=lw,
+                label=label)
+    ax.fill_between(x, np.maximum(s["min"].to_numpy(), FLOOR), np.maximum(s["max"].to_numpy(), FLOOR),
+                    color=color, alpha=0.15, lw=0)
+
+
+def _gain_ratio(m: pd.DataFrame) -> pd.DataFrame:
+    keys = ["dtype", "variant", "prompt", "token", "layer"]
+    p = m[m["metric"] == "gain_patched"].set_index(keys)["value"]
+    o = m[m["metric"] == "gain_original"].set_index(keys)["value"]
+    return (p / o).rename("value").dropna().reset_index()
+
+
+def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    m = metrics
+    if m.empty or "hidden_rel" not in set(m["metric"]):
+        return []
+    dtypes = [d for d in ("float32", "float64") if d in set(m["dtype"])]
+    variants = [v for v in COLORS if v in set(m["variant"])]
+    fig, axes = new_figure(len(dtypes) + 2, 1, width=3.5, height=3.2)
+    axes = axes[0]
+    err = m[m["metric"] == "hidden_rel"]
+    for ax, dtype in zip(axes, dtypes, strict=False):
+        for v in variants:
+            _band(ax, err[(err["dtype"] == dtype) & (err["variant"] == v)], v, STYLE[dtype], LABELS[v])
+        ax.axhline(np.finfo(np.dtype(dtype)).eps, color="0.5", ls=":", lw=1, label=f"{dtype} machine ε")
+        ax.axhline(1.0, color="0.3", lw=0.8)
+        ax.set_title(f"{dtype}: relative hidden error per layer")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("max |x′ − x| / max |x|")
+        ax.legend(fontsize=6, loc="upper left")
+    ratio = _gain_ratio(m)
+    ax = axes[len(dtypes)]
+    for v in variants:
+        for dtype in dtypes:
+            rows = ratio[(ratio["dtype"] == dtype) & (ratio["variant"] == v)]
+            if not rows.empty:
+                _band(ax, rows, v, STYLE[dtype], f"{v}, {dtype}")
+    ax.axhline(1.0, color="0.3", lw=0.8)
+    ax.set_title("gain of the patched layer / original layer\n(same x, same random δ)")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("‖T′(x+δ) − T′(x)‖ / ‖T(x+δ) − T(x)‖")
+    ax.legend(fontsize=6, loc="upper left")
+    ax = axes[len(dtypes) + 1]
+    dm = m[(m["metric"] == "dm_linf") & (m["dtype"] == dtypes[-1])]
+    for v in variants:
+        _band(ax, dm[dm["variant"] == v], v, STYLE[dtypes[-1]], LABELS[v])
+    ax.set_title(f"largest entry of the output update, {dtypes[-1]}")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("max |Δ| of the output parameter (Δm)")
+    ax.legend(fontsize=6, loc="upper left")
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    model = m["model"].iloc[0] if "model" in m else "?"
+    preset = m["preset"].iloc[0] if "preset" in m and m["preset"].notna().any() else "?"
+    n_tok = err.groupby(["prompt", "token"]).ngroups
+    fig.suptitle(f"layer_errors: {model}, preset={preset}; the query alone through the patched model vs with its "
+                 f"context, {n_tok} tokens\n(line: median, band: min–max; naive and the closed loop with Thm 10 alone "
+                 f"compute the same Δm, so their gains coincide)", fontsize=9)
+    return save_figure(fig, figures_dir, "fig_layer_errors")
