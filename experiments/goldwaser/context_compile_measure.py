@@ -6,6 +6,7 @@ transformers. See context_compile.py for the design; the maths is in experiments
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -71,8 +72,10 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
     P = prompt_ids.shape[1]
     ks, n_held = sweep_ks(cfg), int(cfg.heldout)
     check_context_length(model.config, [P], ks[-1] + n_held)
+    t0 = time.perf_counter()
     reply, per_token = reply_with_context(model, inputs, ks[-1] + n_held, stop_ids, bool(cfg.per_token))
     G = len(reply)
+    reply_s = time.perf_counter() - t0
     if ks[-1] > G:
         raise UserError(f"k={ks[-1]} is more than the positions generated: prompt {p}'s reply ended after {G} "
                         f"tokens (k ≤ {G}); use a smaller k or sweep=, a prompt with a longer reply, "
@@ -84,12 +87,15 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
     reference, targets = capture_targets(model, adapter, full, P - 1, ks[-1])
     index = dict(model=str(cfg.model), model_type=model.config.model_type, family=adapter.family,
                  dtype=dtype_name(ctx.dtype), prompt=p)
+    ctx.log("reply_s", reply_s, tokens=G, **index)  # generation with the prompt (+ the per-token patch)
     control, _ = layer_outputs(model, adapter, nc)
     log_positions(ctx, reference, control, "control", range(G), **index)
     if per_token is not None:
         log_positions(ctx, reference, per_token, "per_token", range(G), **index)
     for k in ks:
+        t0 = time.perf_counter()
         patch = fit_fixed_patch(model, adapter, nc[:, :k], targets.first(k))
+        ctx.log("fit_s", time.perf_counter() - t0, k=k, **index)
         try:
             logits, outs = layer_outputs(model, adapter, nc)
             for i in range(G):
@@ -100,13 +106,19 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
                 ctx.log_many(dict(rank=fit.rank, input_rel=fit.input_rel, output_residual=fit.output_residual,
                                   r_norm=fit.r_norm, output_delta_linf=fit.output_delta_linf, hidden_rel=err),
                              layer=fit.layer, k=k, **index)
+            # the fitted positions alone, the fit's own shape: exact here but not in the full sequence means
+            # the patched model amplifies the last bits (e.g. a scale's Δm = r ⊘ h with small h)
+            alone = model(input_ids=nc[:, :k], use_cache=False).logits[0].float()
+            log_positions(ctx, reference, alone, "fixed_fit_shape", range(k), k=k, fitted=1, **index)
             fitted = patch.scaled(model, PERTURB)  # the control of the exactness check
             perturbed = model(input_ids=nc[:, :k], use_cache=False).logits[0].float()
             for name, t in fitted.items():
                 model.get_parameter(name).data.copy_(t)
             log_positions(ctx, reference, perturbed, "perturbed", range(k), k=k, fitted=1, **index)
             if save_to is not None and k == int(cfg.k):
+                t0 = time.perf_counter()
                 save_checkpoint(cfg, ctx, bundle, Path(save_to), nc, reference, reply, start, text, index)
+                ctx.log("checkpoint_s", time.perf_counter() - t0, k=k, **index)  # save, reload, measure
         finally:
             patch.restore(model)
     replies = _read_json(ctx.path(REPLIES_FILE))

@@ -136,7 +136,8 @@ def capture_targets(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
         handles.append(layer.get_submodule(adapter.mlp).register_forward_pre_hook(keep_z, with_kwargs=True))
         handles.append(layer.register_forward_hook(keep_out, with_kwargs=True))
     try:
-        logits = model(input_ids=input_ids, use_cache=False).logits[0, start:].float()
+        keep = input_ids.shape[1] - start  # the LM head only where the reference is read
+        logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits[0].float()
     finally:
         for h in handles:
             h.remove()
@@ -208,7 +209,7 @@ def _input_side(layer: nn.Module, adapter: BlockAdapter, Z: Tensor, Z_c: Tensor)
     worst = 0.0
     for name, layout in adapter.input_matrices.items():
         P = layer.get_parameter(name)
-        W = P.detach().double()
+        W = P.detach().double().clone()  # .double() of a float64 P is P itself, which _write changes
         eff = W.T if layout == CONV1D else W  # Conv1D stores (in, out)
         delta = input_update_ls(eff, Z_c, Z)
         _write(P, delta.T if layout == CONV1D else delta)
@@ -303,7 +304,7 @@ def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
         owner = layer.get_submodule(adapter.output_param.rsplit(".", 1)[0])
         handles.append(owner.register_forward_pre_hook(fit_output, with_kwargs=True))
     try:
-        model(input_ids=input_ids, use_cache=False)
+        adapter.decoder(model)(input_ids=input_ids, use_cache=False)  # the decoder body: no LM head needed
     except BaseException:
         patch.restore(model)
         raise
