@@ -47,6 +47,14 @@ def reply_with_context(model, inputs: dict, max_new: int, stop_ids: set[int],
     return tokens, None
 
 
+def require_positions(k: int, generated: int, prompt: int) -> None:
+    """The fit needs k positions of the reply: one line with the limit when the reply is shorter."""
+    if k > generated:
+        raise UserError(f"k={k} is more than the positions generated: prompt {prompt}'s reply ended after "
+                        f"{generated} tokens (k ≤ {generated}); use a smaller k or sweep=, a prompt with a longer "
+                        "reply, or stop_at_eos=false")
+
+
 def log_positions(ctx: RunContext, reference: Tensor, got: Tensor, method: str, positions, **index) -> None:
     from experiments.patching.generate import logit_comparison
 
@@ -76,10 +84,7 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
     reply, per_token = reply_with_context(model, inputs, ks[-1] + n_held, stop_ids, bool(cfg.per_token))
     G = len(reply)
     reply_s = time.perf_counter() - t0
-    if ks[-1] > G:
-        raise UserError(f"k={ks[-1]} is more than the positions generated: prompt {p}'s reply ended after {G} "
-                        f"tokens (k ≤ {G}); use a smaller k or sweep=, a prompt with a longer reply, "
-                        "or stop_at_eos=false")
+    require_positions(ks[-1], G, p)
     dev = ctx.device
     full = torch.cat([prompt_ids, torch.tensor([reply[:-1]], device=dev, dtype=prompt_ids.dtype)], 1)
     start = start_token(tok, prompt_ids)
