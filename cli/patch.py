@@ -26,3 +26,26 @@ def export(ctx: typer.Context) -> None:
 
     overrides = [f"hydra.run.dir={a.split('=', 1)[1]}" if a.startswith("out=") else a for a in ctx.args]
     run(SimpleNamespace(args=overrides), "patch_export", multirun=False)
+
+
+@app.command("compile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def compile_(ctx: typer.Context) -> None:
+    """Compile PROMPT into fixed weights: one change per layer fitted at the first K positions of the
+    model's own reply, saved as a stock checkpoint in OUT (`AutoModelForCausalLM.from_pretrained(OUT)`
+    generates without the prompt); prints the agreement measured by reloading OUT, and how to use it.
+
+    Keys (Hydra overrides of conf/experiment/context_compile.yaml): model=ID|PATH|gemma-3-270m|tiny-llama|...
+    prompt=TEXT [k=16] [heldout=32] [sweep=[] (more k to measure)] [per_token=false] [dtype=float32]
+    [out=DIR: a new or empty folder].
+    """
+    from pathlib import Path
+
+    from cli.main import fail, run
+
+    outs = [a.split("=", 1)[1] for a in ctx.args if a.startswith("out=")]
+    if outs and Path(outs[-1]).expanduser().is_dir() and any(Path(outs[-1]).expanduser().iterdir()):
+        fail(f"out={outs[-1]} exists and is not empty; nothing was written (give a new or empty folder)")
+    defaults = [d for d in ("sweep=[]", "prompts=[]", "per_token=false")  # one prompt, one k: the artifact
+                if not any(a.startswith(d.split("=")[0] + "=") for a in ctx.args)]
+    overrides = [f"hydra.run.dir={a.split('=', 1)[1]}" if a.startswith("out=") else a for a in ctx.args]
+    run(SimpleNamespace(args=[*defaults, *overrides]), "context_compile", multirun=False)

@@ -1,0 +1,185 @@
+"""context_compile's measurement for one prompt: the reply with the context, the targets, the fixed patch
+for every k, the control, the per-token patch, and (first prompt) the checkpoint reloaded in stock
+transformers. See context_compile.py for the design; the maths is in experiments/patching/fixed_patch.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+
+from experiments.core.errors import UserError
+from experiments.core.results import RunContext
+
+log = logging.getLogger(__name__)
+COMPILED_FILE = "compiled.json"  # beside the checkpoint: prompt, k, start token, measured agreement
+REPLIES_FILE = "replies.json"
+
+
+def reply_with_context(model, inputs: dict, max_new: int, stop_ids: set[int],
+                       per_token: bool) -> tuple[list[int], Tensor | None]:
+    """The model's greedy reply to the prompt; with `per_token`, also the per-token patched logits at every
+    step (Algorithm 1, closed loop, through `patcher.Patcher`: the upper bound), (steps, V)."""
+    from experiments.patching.generate import compare_generation, greedy
+    from experiments.patching.patcher import Patcher
+
+    patcher = Patcher(model, "closed_loop")
+    if per_token:
+        tokens, logits = [], []
+        for st in compare_generation(patcher, inputs, max_new, greedy, stop_ids, control=False):
+            tokens.append(st.token_id)
+            logits.append(st.patched.logits)
+        return tokens, torch.stack(logits)
+    ids = inputs["input_ids"]
+    cache = patcher.prefill({"input_ids": ids[:, :-1]}) if ids.shape[1] > 1 else None
+    query, tokens = ids[:, -1:], []
+    for _ in range(max_new):
+        logits, _, cache = patcher.context_step({"input_ids": query}, cache)
+        tokens.append(int(logits.argmax()))
+        if tokens[-1] in stop_ids:
+            break
+        query = torch.tensor([[tokens[-1]]], device=ids.device)
+    return tokens, None
+
+
+def require_positions(k: int, generated: int, prompt: int) -> None:
+    """The fit needs k positions of the reply: one line with the limit when the reply is shorter."""
+    if k > generated:
+        raise UserError(f"k={k} is more than the positions generated: prompt {prompt}'s reply ended after "
+                        f"{generated} tokens (k ≤ {generated}); use a smaller k or sweep=, a prompt with a longer "
+                        "reply, or stop_at_eos=false")
+
+
+def log_positions(ctx: RunContext, reference: Tensor, got: Tensor, method: str, positions, **index) -> None:
+    from experiments.patching.generate import logit_comparison
+
+    for i in positions:
+        ctx.log_many(logit_comparison(reference[i], got[i]), position=i, method=method, **index)
+
+
+@torch.no_grad()
+def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, stop_ids: set[int],
+                   save_to: Path | None) -> None:
+    from experiments.core.atomic import write_json_atomic
+    from experiments.core.runtime import dtype_name
+    from experiments.goldwaser.context_compile import PERTURB, start_token, sweep_ks
+    from experiments.goldwaser.gemma_models import encode_prompt
+    from experiments.goldwaser.patch_match import check_context_length
+    from experiments.patching.arch import adapter_for
+    from experiments.patching.fixed_patch import capture_targets, fit_fixed_patch, layer_outputs
+
+    model, tok = bundle.model, bundle.tokenizer
+    adapter = adapter_for(model.config.model_type)
+    inputs = encode_prompt(bundle, text, None, bool(cfg.chat_template), ctx.device)
+    prompt_ids = inputs["input_ids"]
+    P = prompt_ids.shape[1]
+    ks, n_held = sweep_ks(cfg), int(cfg.heldout)
+    check_context_length(model.config, [P], ks[-1] + n_held)
+    t0 = time.perf_counter()
+    reply, per_token = reply_with_context(model, inputs, ks[-1] + n_held, stop_ids, bool(cfg.per_token))
+    G = len(reply)
+    reply_s = time.perf_counter() - t0
+    require_positions(ks[-1], G, p)
+    dev = ctx.device
+    full = torch.cat([prompt_ids, torch.tensor([reply[:-1]], device=dev, dtype=prompt_ids.dtype)], 1)
+    start = start_token(tok, prompt_ids)
+    nc = torch.tensor([[start, *reply[:-1]]], device=dev)  # the no-context sequence: position i predicts reply[i]
+    reference, targets = capture_targets(model, adapter, full, P - 1, ks[-1])
+    index = dict(model=str(cfg.model), model_type=model.config.model_type, family=adapter.family,
+                 dtype=dtype_name(ctx.dtype), prompt=p)
+    ctx.log("reply_s", reply_s, tokens=G, **index)  # generation with the prompt (+ the per-token patch)
+    control, _ = layer_outputs(model, adapter, nc)
+    log_positions(ctx, reference, control, "control", range(G), **index)
+    if per_token is not None:
+        log_positions(ctx, reference, per_token, "per_token", range(G), **index)
+    for k in ks:
+        t0 = time.perf_counter()
+        patch = fit_fixed_patch(model, adapter, nc[:, :k], targets.first(k))
+        ctx.log("fit_s", time.perf_counter() - t0, k=k, **index)
+        try:
+            logits, outs = layer_outputs(model, adapter, nc)
+            for i in range(G):
+                log_positions(ctx, reference, logits, "fixed", [i], k=k, fitted=int(i < k), **index)
+            for fit in patch.layers:
+                want = targets.out[fit.layer][:k]
+                err = float((outs[fit.layer][:k] - want).abs().max()) / max(float(want.abs().max()), 1e-300)
+                ctx.log_many(dict(rank=fit.rank, input_rel=fit.input_rel, output_residual=fit.output_residual,
+                                  r_norm=fit.r_norm, output_delta_linf=fit.output_delta_linf, hidden_rel=err),
+                             layer=fit.layer, k=k, **index)
+            # the fitted positions alone, the fit's own shape: exact here but not in the full sequence means
+            # the patched model amplifies the last bits (e.g. a scale's Δm = r ⊘ h with small h)
+            alone = model(input_ids=nc[:, :k], use_cache=False).logits[0].float()
+            log_positions(ctx, reference, alone, "fixed_fit_shape", range(k), k=k, fitted=1, **index)
+            fitted = patch.scaled(model, PERTURB)  # the control of the exactness check
+            perturbed = model(input_ids=nc[:, :k], use_cache=False).logits[0].float()
+            for name, t in fitted.items():
+                model.get_parameter(name).data.copy_(t)
+            log_positions(ctx, reference, perturbed, "perturbed", range(k), k=k, fitted=1, **index)
+            if save_to is not None and k == int(cfg.k):
+                t0 = time.perf_counter()
+                save_checkpoint(cfg, ctx, bundle, Path(save_to), nc, reference, reply, start, text, index)
+                ctx.log("checkpoint_s", time.perf_counter() - t0, k=k, **index)  # save, reload, measure
+        finally:
+            patch.restore(model)
+    replies = _read_json(ctx.path(REPLIES_FILE))
+    replies.append(dict(prompt=text, reply=tok.decode(reply), reply_ids=reply, start_id=start))
+    write_json_atomic(ctx.path(REPLIES_FILE), replies)
+
+
+def _read_json(path: Path) -> list:
+    import json
+
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+@torch.no_grad()
+def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: Tensor, reference: Tensor,
+                    reply: list[int], start: int, text: str, index: dict) -> None:
+    """Save the patched model with `save_pretrained` (safetensors, config, tokenizer), reload it with stock
+    `AutoModelForCausalLM.from_pretrained` and measure it there: teacher-forced agreement at every position,
+    and a free-running greedy generation from the start token alone against the reply."""
+    from transformers import AutoModelForCausalLM
+
+    from experiments.core.atomic import save_pretrained, write_json_atomic
+    from experiments.goldwaser.patch_models import implementation_kwargs, quiet_transformers
+    from experiments.patching.generate import logit_comparison
+
+    tok, k, G = bundle.tokenizer, int(cfg.k), len(reply)
+    with quiet_transformers():  # no "Writing model shards" bar
+        save_pretrained(bundle.model, folder)
+        save_pretrained(tok, folder)
+        stock = AutoModelForCausalLM.from_pretrained(folder, dtype=ctx.dtype,
+                                                     **implementation_kwargs(bundle.model.config))
+    stock = stock.to(ctx.device).eval()
+    logits = stock(input_ids=nc, use_cache=False).logits[0].float()
+    rows = [logit_comparison(reference[i], logits[i]) for i in range(G)]
+    for i, row in enumerate(rows):
+        ctx.log_many({f"reload_{m}": v for m, v in row.items()}, position=i, k=k, fitted=int(i < k), **index)
+    start_ids = torch.tensor([[start]], device=ctx.device)
+    out = stock.generate(start_ids, attention_mask=torch.ones_like(start_ids), max_new_tokens=G, do_sample=False,
+                         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else start)[0, 1:].tolist()
+    prefix = next((i for i, (a, b) in enumerate(zip(out, reply, strict=False)) if a != b), min(len(out), G))
+    ctx.log("free_run_prefix", prefix, k=k, **index)
+    held = rows[k:k + int(cfg.heldout)]
+    summary = dict(
+        model=str(cfg.model), prompt=text, k=k, start_id=start, dtype=index["dtype"],
+        fitted_top1=sum(r["top1_match"] for r in rows[:k]) / k,
+        heldout_top1=sum(r["top1_match"] for r in held) / len(held) if held else None, heldout=len(held),
+        fitted_max_logit_linf_rel=max(r["logit_linf_rel"] for r in rows[:k]),
+        free_run_prefix=prefix, reply=tok.decode(reply), compiled_reply=tok.decode(out),
+    )
+    write_json_atomic(folder / "compiled.json", summary)
+    held_text = f"{summary['heldout_top1']:.1%} at the {len(held)} after" if held else "no held-out positions"
+    log.info("compiled checkpoint: %s (k=%d); reloaded in stock transformers: top-1 agreement with the model "
+             "given the prompt %.1f%% at the %d fitted positions, %s; free-running greedy generation from "
+             "token %d alone matches the first %d of %d reply tokens", folder, k, 100 * summary["fitted_top1"], k,
+             held_text, start, prefix, G)
+    log.info("use it:\n  import torch; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+             "  m, t = AutoModelForCausalLM.from_pretrained(%r), AutoTokenizer.from_pretrained(%r)\n"
+             "  print(t.decode(m.generate(torch.tensor([[%d]]), max_new_tokens=%d, do_sample=False)[0, 1:]))",
+             str(folder), str(folder), start, G)

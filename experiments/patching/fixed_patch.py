@@ -1,0 +1,329 @@
+"""The fixed patch: one weight change per layer, fitted at k positions, that stands in for a prompt.
+
+Goldwaser et al. (§6) patch every generated token anew. Here ONE change of the same parameters is fitted
+from k positions of the with-context model's own (teacher-forced) generation, and then kept for every
+later token. The model without context reads the sequence s = [start] + reply (no prompt); its position
+i is aligned with the with-context position P − 1 + i (both predict reply token i).
+
+Per layer, at the k fitted positions (rows i = 1..k), the with-context pass gives the MLP inputs Z_C
+(k × d) and the layer outputs T_C (k × d); the no-context pass gives Z, the residual V before the MLP (or
+x + A for a parallel block) and the outer function's inputs. Table 1's rank-1 updates become their
+least-squares, rank-≤k versions:
+
+Input side (every matrix W that reads z, Thms 6–7; an MoE's router and experts included). Wanted:
+(W + ΔW) z_i = W z_C,i for all i, i.e. ΔW Zᵀ = W (Z_C − Z)ᵀ. The minimum-norm solution
+
+        ΔW = W (Z_C − Z)ᵀ (Zᵀ)⁺                                                   rank ≤ k
+
+is exact when the k vectors z_i are linearly independent ((Zᵀ)⁺ Zᵀ = I_k): it needs k ≤ d. With k = 1,
+(zᵀ)⁺ = zᵀ / ‖z‖² and this is Thm 6's update.
+
+Output side: after the input update the MLP's outer function would give g_i; the layer must output
+T_C,i = v_i + g_i + r_i, so the outer parameter must move g by R = T_C − V − G (k × d):
+  outer weight (Thm 9)   ΔW′ Yᵀ = Rᵀ, Y (k × n) the outer matrix's inputs:  ΔW′ = Rᵀ (Yᵀ)⁺, exact for
+                         independent y_i (k ≤ n); k = 1 is Thm 9's r yᵀ / ‖y‖².
+  MoE (Thm 11)           g_i = Σ_e a_ie W′_e y_ie (a_ie the router weight, 0 for experts not picked):
+                         stacked [ΔW′_1 … ΔW′_E] Φᵀ = Rᵀ with Φ_i = [a_i1 y_i1, …, a_iE y_iE], so
+                         [ΔW′_e] = Rᵀ (Φᵀ)⁺: exact when the Φ_i are independent (k ≤ E·n).
+  outer bias (Thm 8)     one Δb for all k rows: least squares Δb = mean_i r_i; residual R − 1 Δbᵀ.
+  scale (Thm 10)         g = h ⊙ m: per coordinate j, Δm_j = Σ_i h_ij r_ij / Σ_i h_ij²; residual
+                         R − H ⊙ Δm. A bias or a scale has d parameters for k·d equations: exact only
+                         for k = 1 (and where h_ij ≠ 0); otherwise its least-squares residual is reported.
+
+Closed loop: the whole fit is ONE forward of the no-context sequence with hooks. Layer l's MLP pre-hook
+sees the Z that the already patched layers < l really produced and writes W + ΔW (rounded once to the
+model's dtype) into the parameters before the MLP reads them; the pre-hook of the module that owns the
+output parameter then sees the Y (or H, or the routing) that the patched input maps really give and
+solves for R against them. So layer l + 1 is fitted to the hidden states of the patched layers before
+it, rounding included. Algebra in float64; the model's parameters are changed in place (`FixedPatch`
+keeps the originals to restore).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from experiments.patching.arch.base import CONV1D, EXPERTS, MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE, BlockAdapter
+
+EXACT_RULES = (OUTER_WEIGHT, MOE)  # a matrix on the output side: exact at k positions (independent inputs)
+
+
+# -- the lemmas, on plain float tensors (rows are positions) ----------------------------------------------
+def input_update_ls(W: Tensor, Z_c: Tensor, Z: Tensor) -> Tensor:
+    """ΔW = W (Z_C − Z)ᵀ (Zᵀ)⁺ for W (..., out, in) (batched over experts), Z, Z_C (k, in): (W + ΔW) z_i =
+    W z_C,i at every row i whose z_i is independent of the others."""
+    return (W @ (Z_c - Z).T) @ torch.linalg.pinv(Z.T)
+
+
+def outer_weight_ls(R: Tensor, Y: Tensor) -> Tensor:
+    """ΔW′ = Rᵀ (Yᵀ)⁺ (out, n): ΔW′ y_i = r_i for independent rows y_i of Y (k, n)."""
+    return R.T @ torch.linalg.pinv(Y.T)
+
+
+def outer_bias_ls(R: Tensor) -> Tensor:
+    """The one Δb closest to every row of R (k, d) in least squares: their mean."""
+    return R.mean(0)
+
+
+def scale_ls(R: Tensor, H: Tensor) -> Tensor:
+    """Δm minimising Σ_i ‖h_i ⊙ Δm − r_i‖², coordinate by coordinate; 0 where every h_ij is 0 (Lemma 10:
+    such a coordinate cannot be moved by a scale)."""
+    den = H.square().sum(0)
+    return torch.where(den > 0, (H * R).sum(0) / torch.where(den > 0, den, torch.ones_like(den)), 0.0)
+
+
+def moe_features(ys: Tensor, weights: Tensor) -> Tensor:
+    """Φ (k, E·n) from every expert's outer input y_ie (k, E, n) and router weights a_ie (k, E), 0 for an
+    expert that position i did not pick."""
+    return (weights.unsqueeze(-1) * ys).reshape(ys.shape[0], -1)
+
+
+def moe_ls(R: Tensor, Phi: Tensor, experts: int) -> Tensor:
+    """ΔW′_e for every expert (E, d, n): Σ_e a_ie ΔW′_e y_ie = r_i for independent rows of Φ."""
+    stacked = R.T @ torch.linalg.pinv(Phi.T)  # (d, E·n)
+    return stacked.reshape(R.shape[1], experts, -1).permute(1, 0, 2)
+
+
+def relative_residual(R: Tensor, fitted: Tensor) -> float:
+    """‖R − fitted‖_F / ‖R‖_F (0 when R = 0)."""
+    norm = float(R.norm())
+    return float((R - fitted).norm()) / norm if norm > 0 else 0.0
+
+
+# -- what the with-context pass gives -----------------------------------------------------------------
+@dataclass
+class Targets:
+    """Per layer, at the aligned positions: the MLP input z_C and the layer output T_C (rows = positions)."""
+
+    z: list[Tensor]
+    out: list[Tensor]
+
+    def first(self, k: int) -> Targets:
+        return Targets([t[:k] for t in self.z], [t[:k] for t in self.out])
+
+
+def _hidden(args: tuple, kwargs: dict) -> Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _rows(t: Tensor) -> Tensor:
+    return t.detach().reshape(-1, t.shape[-1]).double()
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def capture_targets(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, start: int,
+                    count: int) -> tuple[Tensor, Targets]:
+    """One forward of `input_ids` (the prompt and the reply): the logits (float32) from position `start`
+    on, and each layer's MLP input and output at the positions start .. start + count − 1."""
+    layers = adapter.layers(model)
+    z: list[Tensor | None] = [None] * len(layers)
+    out: list[Tensor | None] = [None] * len(layers)
+    handles = []
+    for index, layer in enumerate(layers):
+        def keep_z(_m, a, kw, i=index):
+            z[i] = _rows(_hidden(a, kw))[start:start + count]
+
+        def keep_out(_m, _a, _kw, o, i=index):
+            out[i] = _rows(_first(o))[start:start + count]
+
+        handles.append(layer.get_submodule(adapter.mlp).register_forward_pre_hook(keep_z, with_kwargs=True))
+        handles.append(layer.register_forward_hook(keep_out, with_kwargs=True))
+    try:
+        keep = input_ids.shape[1] - start  # the LM head only where the reference is read
+        logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits[0].float()
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, Targets(z, out)
+
+
+@torch.no_grad()
+def layer_outputs(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """A stock forward of `input_ids` (nothing changed in it): (logits (S, V) float32, each layer's output)."""
+    layers = adapter.layers(model)
+    outs: list[Tensor | None] = [None] * len(layers)
+    handles = [layer.register_forward_hook(lambda _m, _a, o, i=i: outs.__setitem__(i, _rows(_first(o))))
+               for i, layer in enumerate(layers)]
+    try:
+        logits = model(input_ids=input_ids, use_cache=False).logits[0].float()
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, outs
+
+
+# -- the fit ------------------------------------------------------------------------------------------
+@dataclass
+class LayerFit:
+    layer: int
+    rank: int  # rank of Z at the k positions: the input update is exact when it is k
+    input_rel: float  # max over input maps of max_i |W′ z_i − W z_C,i| / max |W z_C,i| (after rounding)
+    output_residual: float  # ‖R − fitted‖_F / ‖R‖_F of the output rule (float64, before rounding)
+    r_norm: float  # ‖R‖_F: how much the output side had to move
+    output_delta_linf: float  # max |Δ| of the output parameter (a scale's Δm = r ⊘ h blows up where h is small)
+
+
+@dataclass
+class FixedPatch:
+    """The fitted parameters (already written into the model) and the originals, by full parameter name."""
+
+    k: int
+    originals: dict[str, Tensor] = field(default_factory=dict)
+    layers: list[LayerFit] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return list(self.originals)
+
+    @torch.no_grad()
+    def restore(self, model: nn.Module) -> None:
+        params = dict(model.named_parameters())
+        for name, original in self.originals.items():
+            params[name].copy_(original)
+
+    @torch.no_grad()
+    def scaled(self, model: nn.Module, factor: float) -> dict[str, Tensor]:
+        """Write W + factor·ΔW into the model (the perturbed control); returns the fitted tensors to put back."""
+        params = dict(model.named_parameters())
+        fitted = {}
+        for name, original in self.originals.items():
+            p = params[name]
+            fitted[name] = p.detach().clone()
+            p.copy_((original.double() + factor * (p.double() - original.double())).to(p.dtype))
+        return fitted
+
+
+def _write(P: Tensor, delta: Tensor) -> None:
+    """P ← P + Δ, computed in float64 and rounded once to P's dtype."""
+    P.copy_((P.double() + delta).to(P.dtype))
+
+
+def _input_side(layer: nn.Module, adapter: BlockAdapter, Z: Tensor, Z_c: Tensor) -> float:
+    """Every input matrix gets ΔW = W (Z_C − Z)ᵀ (Zᵀ)⁺; returns the worst relative miss after rounding."""
+    worst = 0.0
+    for name, layout in adapter.input_matrices.items():
+        P = layer.get_parameter(name)
+        W = P.detach().double().clone()  # .double() of a float64 P is P itself, which _write changes
+        eff = W.T if layout == CONV1D else W  # Conv1D stores (in, out)
+        delta = input_update_ls(eff, Z_c, Z)
+        _write(P, delta.T if layout == CONV1D else delta)
+        new = P.detach().double()
+        new_eff = new.T if layout == CONV1D else new
+        want, got = eff @ Z_c.T, new_eff @ Z.T
+        worst = max(worst, float((got - want).abs().max()) / max(float(want.abs().max()), 1e-300))
+    return worst
+
+
+def _output_side(adapter: BlockAdapter, module: nn.Module, P: Tensor, args: tuple, kwargs: dict,
+                 R_of_g) -> tuple[float, float, float]:
+    """Solve the output rule for R = T_C − V − G (G: `module`'s output with its original parameter) and write
+    the change into P; returns (relative least-squares residual, ‖R‖_F, max |Δ|)."""
+    G = _rows(_first(module.forward(*args, **kwargs)))  # .forward: no hooks
+    R = R_of_g(G)
+    rule = adapter.output_rule
+    if rule == OUTER_BIAS:
+        delta = outer_bias_ls(R)
+        fitted = delta.expand_as(R)
+    elif rule == SCALE:
+        from experiments.patching.output_rules import scale_input
+
+        H = scale_input(module, _hidden(args, kwargs).reshape(-1, R.shape[1]), torch.float32).double()
+        delta = scale_ls(R, H)
+        fitted = H * delta
+    elif rule == OUTER_WEIGHT:
+        if type(module).__name__ == "Conv1D" or not isinstance(module, nn.Linear):
+            raise NotImplementedError(f"{adapter.family}: the outer-weight fit reads an nn.Linear")
+        Y = _rows(_hidden(args, kwargs))
+        delta = outer_weight_ls(R, Y)
+        fitted = Y @ delta.T
+    elif rule == MOE:
+        hidden, index, weights = args[:3]
+        E = P.shape[0]
+        z = hidden.double()
+        gate_up = module.gate_up_proj.detach().double()  # already patched (input side)
+        g, u = torch.einsum("kd,eod->keo", z, gate_up).chunk(2, dim=-1)
+        ys = module.act_fn(g) * u  # (k, E, n): every expert's outer input
+        a = torch.zeros(z.shape[0], E, dtype=torch.float64)
+        a.scatter_(1, index.long(), weights.double())
+        Phi = moe_features(ys, a)
+        delta = moe_ls(R, Phi, E)
+        fitted = Phi @ delta.permute(1, 0, 2).reshape(R.shape[1], -1).T
+    else:
+        raise ValueError(f"unknown output rule {rule!r}")
+    _write(P, delta)
+    return relative_residual(R, fitted), float(R.norm()), float(delta.abs().max())
+
+
+@torch.no_grad()
+def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, targets: Targets) -> FixedPatch:
+    """Fit the fixed patch at the positions of `input_ids` (1, k) (the no-context sequence's first k),
+    closed loop, in one forward (module docstring). The model's parameters are changed in place."""
+    layers = adapter.layers(model)
+    names = {id(m): n for n, m in model.named_modules()}
+    k = input_ids.shape[1]
+    patch = FixedPatch(k=k)
+    for layer in layers:
+        prefix = names[id(layer)]
+        for name in (*adapter.input_matrices, adapter.output_param):
+            patch.originals[f"{prefix}.{name}"] = layer.get_parameter(name).detach().clone()
+    handles = []
+    for index, layer in enumerate(layers):
+        seen: dict = {}
+
+        def keep_v(_m, a, kw, seen=seen):
+            seen["v"] = _rows(_hidden(a, kw))
+
+        def keep_x(_m, a, kw, seen=seen):
+            seen["x"] = _rows(_hidden(a, kw))
+
+        def keep_attn(_m, _a, o, seen=seen):
+            seen["v"] = seen["x"] + _rows(_first(o))  # parallel block (Thm 12): v = x + A
+
+        def fit_inputs(_m, a, kw, index=index, layer=layer, seen=seen):
+            Z = _rows(_hidden(a, kw))
+            seen["rank"] = int(torch.linalg.matrix_rank(Z))
+            seen["input_rel"] = _input_side(layer, adapter, Z, targets.z[index])
+
+        def fit_output(module, a, kw, index=index, layer=layer, seen=seen):
+            P = layer.get_parameter(adapter.output_param)
+            res, rn, dl = _output_side(adapter, module, P, a, kw, lambda G: targets.out[index] - seen["v"] - G)
+            patch.layers.append(LayerFit(index, seen["rank"], seen["input_rel"], res, rn, dl))
+
+        if adapter.residual_at:
+            handles.append(layer.get_submodule(adapter.residual_at).register_forward_pre_hook(keep_v, with_kwargs=True))
+        else:
+            handles.append(layer.register_forward_pre_hook(keep_x, with_kwargs=True))
+            handles.append(layer.get_submodule(adapter.attention).register_forward_hook(keep_attn))
+        handles.append(layer.get_submodule(adapter.mlp).register_forward_pre_hook(fit_inputs, with_kwargs=True))
+        owner = layer.get_submodule(adapter.output_param.rsplit(".", 1)[0])
+        handles.append(owner.register_forward_pre_hook(fit_output, with_kwargs=True))
+    try:
+        adapter.decoder(model)(input_ids=input_ids, use_cache=False)  # the decoder body: no LM head needed
+    except BaseException:
+        patch.restore(model)
+        raise
+    finally:
+        for h in handles:
+            h.remove()
+    if len(patch.layers) != len(layers):  # a hook that never ran: the adapter does not match this block
+        patch.restore(model)
+        raise RuntimeError(f"{adapter.family}: fitted {len(patch.layers)} of {len(layers)} layers")
+    return patch
+
+
+def rank_limit(config, adapter: BlockAdapter) -> int:
+    """The most positions the input update can fit exactly: z has d = hidden size coordinates (and an
+    outer matrix's input n ≥ d coordinates in every supported block)."""
+    text = config.get_text_config()
+    return int(getattr(text, "hidden_size", None) or text.n_embd)
+
+
+__all__ = ["EXACT_RULES", "EXPERTS", "FixedPatch", "LayerFit", "Targets", "capture_targets", "fit_fixed_patch",
+           "input_update_ls", "layer_outputs", "moe_features", "moe_ls", "outer_bias_ls", "outer_weight_ls",
+           "rank_limit", "relative_residual", "scale_ls"]
