@@ -1,0 +1,130 @@
+"""A newcomer's first hour, through the real entry point: a typo gets a "did you mean", Hydra's usage
+never shows for an argparse-style option, Ctrl-C at any moment is one line and exit 130, `plot` and
+`report` word a missing folder alike, an experiment's folder points to its runs, a launcher without its
+extra names the extra, and a sweep's end speaks in absolute paths with a claim tally."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.core.test_cli import assert_one_line_error
+
+
+@pytest.fixture
+def icl_inprocess():
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from tests.core.test_cli import _Result
+
+    runner = CliRunner()
+    return lambda *args: _Result(runner.invoke(app, list(args)))
+
+
+# -- 2: did you mean ---------------------------------------------------------------------------------
+
+def test_experiment_typo_suggests_the_name(icl, tmp_path):
+    proc = icl("run", "linreg_ic", f"hydra.run.dir={tmp_path / 'run'}")
+    assert_one_line_error(proc, "unknown experiment 'linreg_ic'", "did you mean linreg_icl?")
+    assert not (tmp_path / "run").exists()
+
+
+def test_far_off_experiment_name_suggests_nothing(icl_inprocess, tmp_path):
+    proc = icl_inprocess("run", "zzzz", f"hydra.run.dir={tmp_path / 'run'}")
+    assert_one_line_error(proc, "unknown experiment 'zzzz'")
+    assert "did you mean" not in proc.stderr
+
+
+@pytest.mark.parametrize("typo, meant", [("tiny-lama", "tiny-llama"), ("tiny-gema3", "tiny-gemma3")])
+def test_offline_model_typo_is_not_tried_as_a_hub_id(icl, tmp_path, typo, meant):
+    t0 = time.perf_counter()
+    proc = icl("run", "patch_match", "preset=smoke", f"model={typo}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert_one_line_error(proc, f"model={typo}", f"did you mean model={meant}?")
+    assert "hub is unreachable" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+    assert time.perf_counter() - t0 < 120
+
+
+def test_a_folder_named_like_an_offline_model_is_taken_as_a_folder(tmp_path, monkeypatch):
+    """A local folder `tiny-lama` is the user's model, not a typo: the model check (not ours) judges it."""
+    from cli.overrides import validate
+    from experiments.core.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny-lama").mkdir()
+    with pytest.raises(UserError) as err:
+        validate("patch_match", ["preset=smoke", "model=tiny-lama"])
+    assert "did you mean" not in str(err.value) and "config.json" in str(err.value)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--preset", "cpu"), "--preset cpu: overrides take no dashes: use preset=cpu"),
+    (("--preset=cpu",), "use preset=cpu"),
+    (("--seed", "3"), "use seed=3"),
+    (("--train.steps", "3"), "use train.steps=3"),
+    (("--frobnicate",), "unknown option --frobnicate"),
+])
+def test_dashed_option_names_the_override(icl, tmp_path, args, fragment):
+    proc = icl("run", "linreg_icl", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert_one_line_error(proc, fragment)
+    assert "usage:" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+# -- 13: a launcher without its extra ----------------------------------------------------------------
+
+@pytest.mark.parametrize("launcher, extra", [("parallel", "joblib"), ("slurm", "slurm")])
+def test_launcher_without_its_extra_names_the_extra(icl_inprocess, tmp_path, monkeypatch, launcher, extra):
+    import cli.overrides
+
+    monkeypatch.setattr(cli.overrides, "_plugin_installed", lambda module: False)
+    proc = icl_inprocess("run", "linreg_icl", "-m", "preset=smoke", f"hydra/launcher={launcher}", "seed=0,1",
+                         f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert_one_line_error(proc, f"hydra/launcher={launcher} needs the {extra} extra", f"pip install -e '.[{extra}]'")
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_launcher_with_its_extra_passes():
+    from cli.overrides import _plugin_installed, validate
+
+    if not _plugin_installed("hydra_plugins.hydra_joblib_launcher"):
+        pytest.skip("the joblib extra is not installed here")
+    validate("linreg_icl", ["preset=smoke", "hydra/launcher=parallel", "seed=0,1"], multirun=True)
+
+
+# -- 4: Ctrl-C during start-up -----------------------------------------------------------------------
+
+def _torch_loaded(pid: int) -> bool:
+    try:
+        return "libtorch" in open(f"/proc/{pid}/maps").read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")
+def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path):
+    """SIGINT once the CLI is importing torch (validation, before Hydra starts the job): one line, exit
+    130, no traceback, no empty parentheses, and no run folder unless the run had begun by then."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "linreg_icl", "preset=smoke",
+                             f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not _torch_loaded(proc.pid):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "()" not in err, err[-3000:]
+    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted"), err
+    if (run_dir / "run.json").exists():  # the signal came once the job was running: its own line
+        assert '"interrupted"' in (run_dir / "run.json").read_text()
+    else:
+        assert "nothing was written" in err and not run_dir.exists(), err
