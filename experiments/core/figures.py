@@ -112,17 +112,53 @@ def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
     return exp.plot(metrics, sweep_dir / FIGURES_DIR)
 
 
+def no_such_folder(path: Path, hint: str) -> UserError:
+    """The one wording of a missing folder, for `icl-exp plot` and `icl-exp report` alike."""
+    return UserError(f"{path}: no such folder ({hint})")
+
+
+def is_sweep_dir(path: Path) -> bool:
+    """Hydra's multirun folder: its multirun.yaml, or job folders named by job number (0, 1, ...)."""
+    jobs = job_dirs(path)
+    return (path / "multirun.yaml").is_file() or bool(jobs) and all(j.name.isdigit() for j in jobs)
+
+
+def _started(run_dir: Path) -> str:
+    try:
+        return str(json.loads((run_dir / RUN_FILE).read_text()).get("start") or "")
+    except (OSError, ValueError):
+        return ""
+
+
+def _folder_of_runs(path: Path) -> UserError:
+    """`icl-exp plot results/linreg_icl`: the folder an experiment's runs go in, not a run or a sweep.
+    Say so, and point to the newest run (complete if there is one) or sweep."""
+    runs = [p for p in job_dirs(path)]
+    sweeps_dir = path / "multirun"
+    sweeps = sorted(p for p in sweeps_dir.iterdir() if p.is_dir()) if sweeps_dir.is_dir() else []
+    complete = [r for r in runs if run_state(r) == "complete"]
+    newest = max(complete or runs, key=lambda r: (_started(r), r.name)) if runs else sweeps[-1]
+    counts = [f"{len(runs)} run{'s' * (len(runs) != 1)}"] if runs else []
+    if sweeps:
+        counts.append(f"{len(sweeps)} sweep{'s' * (len(sweeps) != 1)} under {sweeps_dir}")
+    which = "newest complete run" if complete else "newest run" if runs else "newest sweep"
+    return UserError(f"{path} is a folder of runs ({', '.join(counts)}), not one run: plot one of them, "
+                     f"e.g. the {which}: icl-exp plot {newest}")
+
+
 def render(path: Path) -> list[Path]:
     """`icl-exp plot PATH`: a run folder or a multirun folder."""
     path = Path(path)
     if not path.exists():
-        raise UserError(f"{path} does not exist")
+        raise no_such_folder(path, "give a run folder, or a sweep's folder to combine its jobs")
     if is_run_dir(path):
         if run_state(path) != "complete":
             return _render_incomplete_run(path)
         return _drawn(render_run(path), path)
-    if job_dirs(path):
+    if job_dirs(path) and is_sweep_dir(path):
         return _drawn(render_multirun(path), path)
+    if job_dirs(path) or (path / "multirun").is_dir() and any(p.is_dir() for p in (path / "multirun").iterdir()):
+        raise _folder_of_runs(path)
     if (path / RUN_FILE).is_file():
         raise UserError(f"{path} is {run_state(path)} and wrote no {METRICS_FILE}: no figure to draw")
     if (path / "multirun.yaml").is_file():

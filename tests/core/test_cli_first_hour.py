@@ -128,3 +128,37 @@ def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path):
         assert '"interrupted"' in (run_dir / "run.json").read_text()
     else:
         assert "nothing was written" in err and not run_dir.exists(), err
+
+
+# -- 3: plot and report on a missing folder, plot on an experiment's folder --------------------------
+
+def test_plot_and_report_word_a_missing_folder_alike(icl, tmp_path):
+    missing = tmp_path / "nope"
+    lines = []
+    for command in ("plot", "report"):
+        proc = icl(command, str(missing))
+        assert proc.returncode == 2, proc.stderr
+        assert_one_line_error(proc, f"{missing}: no such folder (")
+        lines.append(proc.stderr.strip().split(" (")[0])
+    assert lines[0] == lines[1]
+
+
+def _fake_run(folder, start: str, status: str = "complete"):
+    import json
+
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"experiment": "linreg_icl", "status": status, "start": start}))
+    (folder / "metrics.csv").write_text("experiment,run_id,metric,value\n")
+    return folder
+
+
+def test_plot_on_an_experiments_folder_points_to_its_newest_run(icl, tmp_path):
+    exp_dir = tmp_path / "results" / "linreg_icl"
+    _fake_run(exp_dir / "2026-01-01_00-00-00-aaaaaa", "2026-01-01T00:00:00+00:00")
+    newest = _fake_run(exp_dir / "2026-01-02_00-00-00-bbbbbb", "2026-01-02T00:00:00+00:00")
+    _fake_run(exp_dir / "2026-01-03_00-00-00-cccccc", "2026-01-03T00:00:00+00:00", status="failed")
+    (exp_dir / "multirun" / "2026-01-04_00-00-00-dddddd").mkdir(parents=True)
+    proc = icl("plot", str(exp_dir))
+    assert_one_line_error(proc, f"{exp_dir} is a folder of runs (3 runs, 1 sweep under", "not one run",
+                          f"newest complete run: icl-exp plot {newest}")
+    assert "sweep with no" not in proc.stderr and not (exp_dir / "claims.csv").exists()
