@@ -88,11 +88,11 @@ def run(
     ctx: typer.Context,
     name: str = typer.Argument(..., metavar="NAME", help="experiment name (see `icl-exp list`)"),
     multirun: bool = typer.Option(False, "-m", "--multirun", help="sweep: comma-separated values run one job each"),
-) -> None:
+) -> Path | None:
     """Run NAME with Hydra overrides (the help text is _run_help)."""
     started: dict = {}  # the run folder, once chosen, and whether it was there before
     try:
-        _run(ctx, name, multirun, started)
+        return _run(ctx, name, multirun, started)
     except KeyboardInterrupt:  # Ctrl-C before the job began (a job's own Ctrl-C is hydra_app's line)
         _interrupted_at_start(started, multirun)
 
@@ -115,16 +115,20 @@ def _interrupted_at_start(started: dict, multirun: bool) -> None:
     raise typer.Exit(130)
 
 
-def _run(ctx: typer.Context, name: str, multirun: bool, started: dict) -> None:
+def _run(ctx: typer.Context, name: str, multirun: bool, started: dict) -> Path:
+    """Check the command line, choose the run folder, hand over to Hydra; the run folder once it is done."""
     from cli.overrides import check_writable, validate
     from experiments.core.distributed import agree_across_ranks, hydra_overrides_for_rank, is_main_process
     from experiments.core.errors import UserError
 
     overrides = list(ctx.args)
     try:
-        validate(name, overrides, multirun=multirun)
+        cfg = validate(name, overrides, multirun=multirun)
         dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
+        if not given and not multirun and cfg.get("out"):  # an experiment with an `out` key (patch_export):
+            given = [str(cfg.out)]  # out=DIR is its run folder, and stays in run.json's overrides
+            overrides.append(f"{dir_key}={cfg.out}")
         if given:
             out_dir = given[-1]
         else:
@@ -145,6 +149,7 @@ def _run(ctx: typer.Context, name: str, multirun: bool, started: dict) -> None:
     plain = [o for o in overrides if o not in flags]
     sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags, *(["--multirun"] if multirun else [])]
     hydra_app.main()
+    return Path(out_dir)
 
 
 def _hydra_flags(args: list[str]) -> list[str]:

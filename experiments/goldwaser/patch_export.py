@@ -40,6 +40,9 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.patching.export import export_patched
     from experiments.patching.generate import logit_comparison
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
     validate(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     with threads_for(bundle.model):

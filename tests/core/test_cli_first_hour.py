@@ -162,3 +162,34 @@ def test_plot_on_an_experiments_folder_points_to_its_newest_run(icl, tmp_path):
     assert_one_line_error(proc, f"{exp_dir} is a folder of runs (3 runs, 1 sweep under", "not one run",
                           f"newest complete run: icl-exp plot {newest}")
     assert "sweep with no" not in proc.stderr and not (exp_dir / "claims.csv").exists()
+
+
+# -- 7: patch export ---------------------------------------------------------------------------------
+
+def test_patch_export_output_help_and_snippet(icl, tmp_path):
+    import json
+
+    out = tmp_path / "snow"
+    proc = icl("patch", "export", "model=tiny-llama", "prompt=Write a haiku about snow.", f"out={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout + proc.stderr
+    assert "patch_export (checkpoint) ->" in text and "((" not in text
+    assert "Writing model shards" not in text and "Loading weights" not in text and "it/s" not in text
+    assert f"out={out}" in json.loads((out / "run.json").read_text())["overrides"]
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("use it:"))
+    snippet = [line.strip() for line in lines[start + 1:start + 4]]
+    assert len(snippet) == 3 and str(out / "patched") in snippet[1]
+    # the snippet, run as printed, gives the token the original model predicts after the whole prompt
+    code = "\n".join([*snippet, "print(int(logits.argmax()))"])
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert int(ran.stdout.split()[-1]) == json.loads((out / "inputs.json").read_text())["reference_top1"]
+
+
+def test_patch_export_help_lists_its_keys(icl_inprocess):
+    proc = icl_inprocess("patch", "export", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for key in ("model=", "prompt=", "out=", "variant=", "dtype=", "chat_template="):
+        assert key in text, text
