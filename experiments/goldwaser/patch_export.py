@@ -33,14 +33,13 @@ def validate(cfg: DictConfig) -> None:
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from experiments.core.runtime import dtype_name
     from experiments.goldwaser.gemma_models import threads_for
     from experiments.goldwaser.patch_models import implementation_kwargs, load_model, quiet_transformers
     from experiments.patching.export import export_patched
     from experiments.patching.generate import logit_comparison
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
     validate(cfg)
