@@ -17,6 +17,9 @@ import pandas as pd  # noqa: E402
 from experiments.core.atomic import write_atomic  # noqa: E402
 
 log = logging.getLogger(__name__)
+# matplotlib logs at INFO ("Substituting symbol E from STIXNonUnicode" for each mathtext glyph), and a
+# run's logging passes INFO through: only its warnings reach the console.
+logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 PAPER_STYLE = {
     "figure.dpi": 110,

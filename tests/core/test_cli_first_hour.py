@@ -173,7 +173,7 @@ def test_patch_export_output_help_and_snippet(icl, tmp_path):
     proc = icl("patch", "export", "model=tiny-llama", "prompt=Write a haiku about snow.", f"out={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = proc.stdout + proc.stderr
-    assert "patch_export (checkpoint) ->" in text and "((" not in text
+    assert "patch_export: checkpoint ->" in text and "((" not in text
     assert "Writing model shards" not in text and "Loading weights" not in text and "it/s" not in text
     assert f"out={out}" in json.loads((out / "run.json").read_text())["overrides"]
     lines = proc.stdout.splitlines()
@@ -193,3 +193,32 @@ def test_patch_export_help_lists_its_keys(icl_inprocess):
     text = " ".join(proc.stdout.split())
     for key in ("model=", "prompt=", "out=", "variant=", "dtype=", "chat_template="):
         assert key in text, text
+
+
+# -- 9: a sweep's end --------------------------------------------------------------------------------
+
+def test_sweep_end_absolute_paths_and_claim_tally(icl, tmp_path, monkeypatch):
+    """Run from another folder with a relative sweep folder: every path the sweep's end prints is absolute,
+    no Hydra-logger line shows, and the tally adds up the jobs' own claims.csv."""
+    import pandas as pd
+
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "markov_collapse", "-m", "preset=smoke",
+                           "seed=0,1", "hydra.sweep.dir=sweep"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "HYDRA_FULL_ERROR": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    out = proc.stdout
+    after_jobs = out[out.rindex("done in "):]  # the last job's last line, then the sweep's end
+    assert "[HYDRA]" not in after_jobs and "STIXNonUnicode" not in out + proc.stderr, out[-3000:]
+    assert " results/" not in after_jobs and " sweep/" not in after_jobs, after_jobs
+    end = proc.stdout.splitlines()[-3:]
+    assert end[0] == f"combined figures (markov_collapse.png) and claims of the complete jobs: {sweep}"
+    assert end[1] == f"all 2 jobs complete: {sweep}"
+    claims = [pd.read_csv(sweep / job / "claims.csv") for job in ("0", "1")]
+    passed = sum(int(c["passed"].sum()) for c in claims)
+    failed = sum(len(c) for c in claims) - passed
+    assert end[2].startswith(f"claims: {passed} passed, {failed} failed over the 2 complete jobs")
+    assert end[2].endswith(f": {sweep / 'claims.csv'}")
+    for job, c in zip(("0", "1"), claims, strict=True):
+        n_failed = len(c) - int(c["passed"].sum())
+        assert (f"{n_failed} in job {job} (seed={job})" in end[2]) == (n_failed > 0), end[2]
