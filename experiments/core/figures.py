@@ -15,6 +15,7 @@ import pandas as pd
 
 from experiments.core import registry
 from experiments.core.errors import UserError
+from experiments.core.plotting import figure_caption
 from experiments.core.results import (
     CHECK_COLUMNS,
     CLAIMS_FILE,
@@ -66,13 +67,38 @@ def _drawn(paths: list[Path], what: Path) -> list[Path]:
     return paths
 
 
+def _record(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def figure_title(exp: registry.Experiment, metrics: pd.DataFrame, records: list[dict]) -> str:
+    """`linreg_icl · Dherin et al. Fig. 2 · preset=cpu` (+ the models, + `sweep of N runs`): what a figure
+    shows, on the figure itself."""
+    parts = [exp.name, f"{exp.paper} {exp.figures}"]
+    presets = sorted({str(r.get("preset")) for r in records if r.get("preset")})
+    if presets:
+        parts.append(f"preset={','.join(presets)}")
+    if "model" in metrics.columns:
+        models = sorted({str(m) for m in metrics["model"].dropna().unique()})
+        if models:
+            parts.append(f"model={','.join(models[:4])}{' …' if len(models) > 4 else ''}")
+    if len(records) > 1:
+        parts.append(f"sweep of {len(records)} runs")
+    return " · ".join(parts)
+
+
 def render_run(run_dir: Path, exp: registry.Experiment | None = None) -> list[Path]:
     exp = exp or registry.get(experiment_of(run_dir))
-    return exp.plot(read_metrics(run_dir), run_dir / FIGURES_DIR)
+    metrics = read_metrics(run_dir)
+    with figure_caption(figure_title(exp, metrics, [_record(run_dir)])):
+        return exp.plot(metrics, run_dir / FIGURES_DIR)
 
 
 def _render_incomplete_run(run_dir: Path) -> list[Path]:
-    """`icl-exp plot` on a run that did not complete: draw what it measured, and say so."""
+    """`icl-exp plot` on a run that did not complete: draw what it measured, and say so (on the figure too)."""
     state = run_state(run_dir)
     if state == "running":
         state = "running (or its process died)"
@@ -81,7 +107,9 @@ def _render_incomplete_run(run_dir: Path) -> list[Path]:
         raise UserError(f"{run_dir} is {state} and measured nothing: no figure to draw")
     log.warning("%s is %s: drawing what it measured, the figures are incomplete", run_dir, state)
     exp = registry.get(experiment_of(run_dir))
-    return _drawn(exp.plot(metrics, run_dir / FIGURES_DIR), run_dir)
+    warning = f"INCOMPLETE: the run is {state}; this is what it measured until then"
+    with figure_caption(figure_title(exp, metrics, [_record(run_dir)]), warning):
+        return _drawn(exp.plot(metrics, run_dir / FIGURES_DIR), run_dir)
 
 
 def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
@@ -109,7 +137,8 @@ def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
         # runs from before claim ids are combined as they are (icl-exp report lists them as such)
         columns = CHECK_COLUMNS if "id" in combined.columns else [c for c in combined.columns if c != "job"]
         write_csv_atomic(sweep_dir / CLAIMS_FILE, combined[["job", *columns]])
-    return exp.plot(metrics, sweep_dir / FIGURES_DIR)
+    with figure_caption(figure_title(exp, metrics, [_record(j) for j in jobs])):
+        return exp.plot(metrics, sweep_dir / FIGURES_DIR)
 
 
 def no_such_folder(path: Path, hint: str) -> UserError:
