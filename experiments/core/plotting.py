@@ -58,6 +58,8 @@ class PlainLogFormatter(LogFormatter):
     ticks get a label is kept."""
 
     def _num_to_string(self, x, vmin, vmax):
+        if 1 <= abs(x) < 1e6 and float(x).is_integer():
+            return f"{int(x)}"  # 1000, not 1e+03
         return f"{x:.3g}"
 
 
