@@ -222,3 +222,17 @@ def test_sweep_end_absolute_paths_and_claim_tally(icl, tmp_path, monkeypatch):
     for job, c in zip(("0", "1"), claims, strict=True):
         n_failed = len(c) - int(c["passed"].sum())
         assert (f"{n_failed} in job {job} (seed={job})" in end[2]) == (n_failed > 0), end[2]
+
+
+# -- 8: run --help -----------------------------------------------------------------------------------
+
+def test_run_help_lists_experiments_presets_and_cfg_job(icl_inprocess):
+    from experiments.core.registry import experiment_names
+
+    proc = icl_inprocess("run", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "{name}" not in proc.stdout.lower() and "run [OPTIONS] NAME [KEY=VALUE]..." in text
+    assert all(name in text for name in experiment_names())
+    assert all(f"{preset}:" in text for preset in ("paper", "cpu", "smoke"))
+    assert "--cfg job" in text
