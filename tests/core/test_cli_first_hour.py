@@ -236,3 +236,36 @@ def test_run_help_lists_experiments_presets_and_cfg_job(icl_inprocess):
     assert all(name in text for name in experiment_names())
     assert all(f"{preset}:" in text for preset in ("paper", "cpu", "smoke"))
     assert "--cfg job" in text
+
+
+# -- 10: plot on an interrupted linreg_icl run -------------------------------------------------------
+
+def test_plot_of_an_interrupted_linreg_run(tmp_path, monkeypatch, recwarn):
+    """One validation checkpoint and a few training steps: no empty panel, no offset tick label, no
+    matplotlib warning, and the figure says it is incomplete."""
+    import json
+
+    import pandas as pd
+
+    import experiments.dherin.linreg_icl as linreg
+    from experiments.core.figures import render
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [dict(metric="train_loss", value=1.2 - 0.01 * s, step=s) for s in range(1, 37)]
+    rows += [dict(metric=m, value=v, step=0) for m, v in (("val_loss_context", 0.98599404), (
+        "val_loss_patched", 0.98599404 + 1e-14), ("val_loss_no_context", 0.94), ("val_max_abs_diff", 1.2e-7),
+        ("val_loss_zero_predictor", 0.94))]
+    frame = pd.DataFrame(rows).assign(experiment="linreg_icl", run_id="r", seed=0, dtype="float32", mlp_skip=False)
+    frame.to_csv(run / "metrics.csv", index=False)
+    (run / "run.json").write_text(json.dumps({"experiment": "linreg_icl", "status": "interrupted", "preset": "paper",
+                                              "stopped_at": "train 36/4000", "error": "KeyboardInterrupt"}))
+    figures = []
+    original = linreg.save_figure
+    monkeypatch.setattr(linreg, "save_figure", lambda fig, d, n: figures.append(fig) or original(fig, d, n))
+    assert render(run)
+    (fig,) = figures
+    assert len(fig.axes) == 2  # the loss panels; the grid's heat maps are left out, not left empty
+    assert "INCOMPLETE" in fig._suptitle.get_text() and "interrupted at train 36/4000" in fig._suptitle.get_text()
+    assert all(not ax.yaxis.get_offset_text().get_text() for ax in fig.axes)
+    assert not [w for w in recwarn if "matplotlib" in str(w.filename) or "xlim" in str(w.message)]
