@@ -77,7 +77,8 @@ def _record(run_dir: Path) -> dict:
 def figure_title(exp: registry.Experiment, metrics: pd.DataFrame, records: list[dict]) -> str:
     """`linreg_icl · Dherin et al. Fig. 2 · preset=cpu` (+ the models, + `sweep of N runs`): what a figure
     shows, on the figure itself."""
-    parts = [exp.name, f"{exp.paper} {exp.figures}"]
+    name, paper, figures = (getattr(exp, key, "") for key in ("name", "paper", "figures"))
+    parts = [p for p in (name, f"{paper} {figures}".strip()) if p]
     presets = sorted({str(r.get("preset")) for r in records if r.get("preset")})
     if presets:
         parts.append(f"preset={','.join(presets)}")
