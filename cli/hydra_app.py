@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> dict:
         from experiments.core.progress import last_progress
 
         where = f" at {last_progress()}" if last_progress() else ""
-        print(f"interrupted{where} ({err or 'Ctrl-C'}): what it measured is kept in "
+        print(f"interrupted{where} ({str(err) or 'Ctrl-C'}): what it measured is kept in "
               f"{HydraConfig.get().runtime.output_dir} (run.json: interrupted)", file=sys.stderr)
         raise SystemExit(130) from None
     except UserError as err:

@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 import typer
+import typer.core
 from rich.console import Console
 
 app = typer.Typer(
@@ -20,7 +21,10 @@ err_console = Console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    # escaped: `pip install -e '.[joblib]'` and `[a,b]` are text, not rich markup
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -40,17 +44,79 @@ def list_experiments() -> None:
         print(f"{name:<{widths[0]}}  {paper:<{widths[1]}}  {figures:<{widths[2]}}  {description}")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def _presets() -> list[str]:
+    """`name: what it is` for each conf/preset/*.yaml, from the first sentence of its `# preset=NAME: ...`
+    comment (which may go on over the next comment lines)."""
+    from experiments.core.registry import CONF_DIR
+
+    out = []
+    for path in sorted((CONF_DIR / "preset").glob("*.yaml"), key=lambda p: (p.stem != "paper", p.stem)):
+        comment = " ".join(line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#"))
+        _, found, what = comment.partition(f"preset={path.stem}:")
+        what = what.split(". ")[0].strip().rstrip(".") if found else ""
+        out.append(f"{path.stem}: {what}" if what else path.stem)
+    return out
+
+
+class _RunCommand(typer.core.TyperCommand):
+    """`Usage: icl-exp run [OPTIONS] NAME [KEY=VALUE]...` (typer would write the argument as `{NAME}`)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return ["[OPTIONS]", "NAME", "[KEY=VALUE]..."]
+
+
+def _run_help() -> str:
+    """`icl-exp run --help`: what to type, the experiments and presets there are, where the keys are.
+    One line per paragraph: rich wraps them to the terminal, a hard line break would stay mid-sentence."""
+    from experiments.core.registry import experiment_names
+
+    return "\n\n".join([
+        "Run the experiment NAME with Hydra overrides (key=value), e.g. `icl-exp run linreg_icl preset=cpu seed=1`.",
+        f"Experiments: {', '.join(experiment_names())} (one line each: `icl-exp list`).",
+        f"Presets (preset=NAME): {'; '.join(_presets())}.",
+        "Every key of an experiment and its value: `icl-exp run NAME --cfg job` (prints the composed config, "
+        "runs nothing).",
+        "Overrides go to Hydra's own entry point, so `-m` (a sweep: `-m seed=0,1,2`), `hydra/launcher=parallel` "
+        "or `hydra/launcher=slurm`, `hydra.run.dir=...`, `hydra.sweep.dir=...` and `--cfg job` work as in any "
+        "Hydra app.",
+    ])
+
+
+@app.command(cls=_RunCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             help=_run_help())
 def run(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="experiment name (see `icl-exp list`)"),
+    name: str = typer.Argument(..., metavar="NAME", help="experiment name (see `icl-exp list`)"),
     multirun: bool = typer.Option(False, "-m", "--multirun", help="sweep: comma-separated values run one job each"),
-) -> None:
-    """Run NAME with Hydra overrides, e.g. `icl-exp run linreg_icl preset=cpu seed=1`.
+) -> Path | None:
+    """Run NAME with Hydra overrides (the help text is _run_help)."""
+    started: dict = {}  # the run folder, once chosen, and whether it was there before
+    try:
+        return _run(ctx, name, multirun, started)
+    except KeyboardInterrupt:  # Ctrl-C before the job began (a job's own Ctrl-C is hydra_app's line)
+        _interrupted_at_start(started, multirun)
 
-    Overrides are handed to Hydra's own entry point, so `-m`, `hydra/launcher=...`,
-    `hydra.run.dir=...`, `hydra.sweep.dir=...` and `--cfg job` work as in any Hydra app.
-    """
+
+def _interrupted_at_start(started: dict, multirun: bool) -> None:
+    """One line and exit 130, as for an interrupted run. A folder Hydra made for this run before its job
+    wrote run.json holds nothing but Hydra's config: removed, so nothing half-made stays behind."""
+    import shutil
+
+    out = Path(started["out_dir"]) if started.get("out_dir") and "${" not in started["out_dir"] else None
+    began = out is not None and ((out / "run.json").exists() or multirun and out.exists())
+    if began:  # a job had started (its own line did not come: Ctrl-C hit between jobs or in Hydra's code)
+        err_console.print(f"interrupted (Ctrl-C): what was written is in {out.absolute()}", highlight=False,
+                          soft_wrap=True)
+    else:
+        if out is not None and not started.get("existed") and out.is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+        err_console.print("interrupted (Ctrl-C) while starting, before the run began: nothing was written",
+                          highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
+
+
+def _run(ctx: typer.Context, name: str, multirun: bool, started: dict) -> Path:
+    """Check the command line, choose the run folder, hand over to Hydra; the run folder once it is done."""
     from cli.overrides import check_writable, validate
     from experiments.core.distributed import (
         agree_across_ranks,
@@ -66,12 +132,16 @@ def run(
         check_gpu_count(cfg.get("device", "auto"))  # under torchrun: a GPU per rank, said once, before anything
         dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
+        if not given and not multirun and cfg.get("out"):  # an experiment with an `out` key (patch_export):
+            given = [str(cfg.out)]  # out=DIR is its run folder, and stays in run.json's overrides
+            overrides.append(f"{dir_key}={cfg.out}")
         if given:
             out_dir = given[-1]
         else:
             stamp = agree_across_ranks(unique_stamp())  # under torchrun every rank takes rank 0's folder
             out_dir = f"results/{name}/multirun/{stamp}" if multirun else f"results/{name}/{stamp}"
             overrides.append(f"{dir_key}={out_dir}")
+        started.update(out_dir=out_dir, existed=Path(out_dir).exists())
         if "${" not in out_dir and is_main_process():  # rank 0 makes the folder the others share
             check_writable(out_dir)
         overrides += hydra_overrides_for_rank()  # ranks > 0 write no .hydra/ and no log file
@@ -85,6 +155,7 @@ def run(
     plain = [o for o in overrides if o not in flags]
     sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags, *(["--multirun"] if multirun else [])]
     hydra_app.main()
+    return Path(out_dir)
 
 
 def _hydra_flags(args: list[str]) -> list[str]:

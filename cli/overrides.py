@@ -192,10 +192,95 @@ def _check_threads(cfg: DictConfig) -> None:
         raise UserError(f"threads={threads} must be at least 1 (or null for torch's default)")
 
 
+# Hydra's own command-line flags (`icl-exp run NAME --cfg job`); any other `--word` is a mistake.
+HYDRA_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p",
+               "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp",
+               "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
+
+
+def _check_flags(name: str, overrides: list[str]) -> None:
+    """`--preset cpu` (or `--seed=1`): argparse-style options are not Hydra overrides, and Hydra's answer
+    is its eight-line usage. Say the override it meant, or that the option is unknown."""
+    for i, arg in enumerate(overrides):
+        if not arg.startswith("-") or arg.split("=", 1)[0] in HYDRA_FLAGS:
+            continue
+        key, _, value = arg.lstrip("-").partition("=")
+        typed = arg
+        if not value and i + 1 < len(overrides) and not overrides[i + 1].startswith("-") \
+                and "=" not in overrides[i + 1]:
+            value = overrides[i + 1]
+            typed = f"{arg} {value}"
+        try:
+            keys = _leaf_keys(_compose([f"experiment={name}"]))
+        except HydraException:
+            keys = []
+        candidates = (key, key.replace("-", "_"), key.replace("-", "."))
+        known = next((k for k in candidates if k in keys or (_is_group(k) and not k.startswith("hydra"))), None)
+        if known:
+            raise UserError(f"{typed}: overrides take no dashes: use {known}={value or 'VALUE'} "
+                            f"(icl-exp run {name} {known}={value or 'VALUE'})")
+        raise UserError(f"unknown option {arg}; settings are key=value overrides (see `icl-exp run {name} --cfg "
+                        f"job`), and the options are -m and Hydra's: --cfg job, --info, --resolve, --package")
+
+
+# hydra/launcher=OPTION -> (the plugin module it needs, the extra that installs it, the package)
+LAUNCHER_EXTRAS = {
+    "parallel": ("hydra_plugins.hydra_joblib_launcher", "joblib", "hydra-joblib-launcher"),
+    "joblib": ("hydra_plugins.hydra_joblib_launcher", "joblib", "hydra-joblib-launcher"),
+    "slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm", "hydra-submitit-launcher"),
+    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm", "hydra-submitit-launcher"),
+    "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "slurm", "hydra-submitit-launcher"),
+}
+
+
+def _plugin_installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # hydra_plugins itself missing
+        return False
+
+
+def _check_launcher(parsed: list[Override]) -> None:
+    """`hydra/launcher=parallel` without the joblib extra: Hydra says "Could not load
+    'hydra/launcher/joblib'"; name the extra that installs it instead."""
+    for o in parsed:
+        if o.key_or_group != "hydra/launcher" or o.is_delete():
+            continue
+        try:
+            values = [str(v) for v in o.sweep_string_iterator()] if o.is_sweep_override() else [str(o.value())]
+        except Exception:
+            continue
+        for value in values:
+            if value in LAUNCHER_EXTRAS and not _plugin_installed(LAUNCHER_EXTRAS[value][0]):
+                _, extra, package = LAUNCHER_EXTRAS[value]
+                raise UserError(f"hydra/launcher={value} needs the {extra} extra, which is not installed: "
+                                f"pip install -e '.[{extra}]' (installs {package})")
+
+
+def _check_model_name(cfg: DictConfig) -> None:
+    """`model=tiny-lama`: not a folder here, and so close to an offline model's name that it is a typo,
+    not a hub id (which would be tried on the hub, a 3 s probe offline, and fail there)."""
+    model = cfg.get("model")
+    if not isinstance(model, str) or "/" in model or Path(model).expanduser().exists():
+        return
+    from experiments.goldwaser.patch_models import OFFLINE_MODELS
+
+    if model in OFFLINE_MODELS:
+        return
+    close = difflib.get_close_matches(model, OFFLINE_MODELS, n=1, cutoff=0.8)
+    if close:
+        raise UserError(f"model={model} is neither an offline model nor a local folder: did you mean "
+                        f"model={close[0]}? (offline models: {', '.join(OFFLINE_MODELS)}; a hub id is "
+                        f"org/name, e.g. meta-llama/Llama-3.2-1B)")
+
+
 def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConfig:
     """Raise UserError for an unknown experiment or a bad override; return the composed config.
     `multirun=False` (a plain `icl-exp run`): a comma-separated value is an error that says to use -m."""
     exp = registry.get(name)
+    _check_flags(name, overrides)
     hydra_flags = [o for o in overrides if o.startswith("-")]
     plain = [o for o in overrides if not o.startswith("-")]
     if hydra_flags:
@@ -204,6 +289,7 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as err:
         raise UserError(f"cannot parse overrides: {_first_line(err)}") from None
+    _check_launcher(parsed)
     if any(o.key_or_group == "experiment" for o in parsed):
         raise UserError("give the experiment as `icl-exp run NAME`, not experiment=NAME")
     _check_sweeps_and_groups(name, parsed, multirun)
@@ -222,6 +308,7 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
         combo_parsed = OverridesParser.create().parse_overrides(combo)
         _check_values(cfg, combo_parsed, ref, exp.free_form_keys)
         _check_threads(cfg)
+        _check_model_name(cfg)
         if exp.validate is not None:
             exp.validate(cfg)
     GlobalHydra.instance().clear()

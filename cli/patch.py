@@ -1,11 +1,13 @@
-"""`icl-exp patch export model=... [prompt=...] [out=DIR]`: a checkpoint with a prompt's context in its weights.
+"""`icl-exp patch export model=... prompt=... out=DIR`: a checkpoint with a prompt's context in its weights.
 
 The options are Hydra overrides of conf/experiment/patch_export.yaml, composed and validated exactly as
-`icl-exp run patch_export ...` (which this is), with out=DIR as a shorthand for the run folder.
+`icl-exp run patch_export ...` (which this is); out=DIR is the run folder.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import typer
@@ -13,19 +15,49 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Patched checkpoints: a prompt's context moved into the weights (Goldwaser et al.).")
 
+# One line per paragraph (rich wraps them; a hard break would stay mid-sentence), and no square
+# brackets: rich reads `[prompt=TEXT]` as markup and drops it.
+EXPORT_HELP = "\n\n".join([
+    "Patch MODEL for the last token of PROMPT and write OUT/patched (a stock Hugging Face checkpoint), "
+    "OUT/base (the original, for random models), OUT/inputs.json (the context and query token ids) and "
+    "OUT/run.json.",
+    "Keys, as key=value (Hydra overrides; `icl-exp run patch_export --cfg job` prints them all):",
+    "model=ID, a local folder, or an offline model: tiny-gemma3, tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj "
+    "(default tiny-gemma3)",
+    "prompt=TEXT, the prompt whose context goes into the weights (default: the paper's Mars forecast prompt)",
+    "out=DIR, the run folder (default results/patch_export/STAMP)",
+    "variant=closed_loop, naive or stable (stable: Gemma 3 only; default closed_loop)",
+    "dtype=float32, device=cpu, seed=0, chat_template=true (wrap the prompt in the model's chat template)",
+    "Example: icl-exp patch export model=tiny-llama prompt=\"Write a haiku about snow.\" out=snow",
+])
 
-@app.command("export", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+
+@app.command("export", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             help=EXPORT_HELP)
 def export(ctx: typer.Context) -> None:
-    """Patch MODEL for PROMPT's last token and write OUT/patched (a Hugging Face checkpoint), OUT/base
-    (random models), OUT/inputs.json and OUT/run.json.
-
-    Keys (Hydra overrides): model=ID|PATH|tiny-llama|... [prompt=TEXT] [variant=closed_loop|naive|stable]
-    [dtype=float32] [device=cpu] [seed=0] [chat_template=true] [out=DIR (default results/patch_export/...)].
-    """
+    """Run patch_export with these overrides (the help text is EXPORT_HELP), then say how to use what it wrote."""
     from cli.main import run
 
-    overrides = [f"hydra.run.dir={a.split('=', 1)[1]}" if a.startswith("out=") else a for a in ctx.args]
-    run(SimpleNamespace(args=overrides), "patch_export", multirun=False)
+    out = run(SimpleNamespace(args=list(ctx.args)), "patch_export", multirun=False)
+    if out is not None and (out / "inputs.json").is_file():
+        from experiments.core.console import plain_console
+
+        console = plain_console()
+        for line in usage_snippet(out):
+            console.print(line)
+
+
+def usage_snippet(out: Path) -> list[str]:
+    """How to use the export: stock transformers, fed the query token alone (the context is in the weights)."""
+    out = out.absolute()
+    query_id = json.loads((out / "inputs.json").read_text())["query_id"]
+    return [
+        f"use it: fed the prompt's last token alone (id {query_id}, in inputs.json), the patched model gives "
+        f"the original model's next-token logits after the whole prompt:",
+        "  import torch; from transformers import AutoModelForCausalLM",
+        f"  model = AutoModelForCausalLM.from_pretrained({str(out / 'patched')!r})",
+        f"  logits = model(input_ids=torch.tensor([[{query_id}]])).logits[0, -1]",
+    ]
 
 
 @app.command("compile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -38,8 +70,6 @@ def compile_(ctx: typer.Context) -> None:
     prompt=TEXT [k=16] [heldout=32] [sweep=[] (more k to measure)] [per_token=false] [dtype=float32]
     [out=DIR: a new or empty folder].
     """
-    from pathlib import Path
-
     from cli.main import fail, run
 
     outs = [a.split("=", 1)[1] for a in ctx.args if a.startswith("out=")]

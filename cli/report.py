@@ -22,6 +22,7 @@ def report(
     from rich.console import Console
 
     from cli.main import fail
+    from experiments.core.figures import no_such_folder
     from experiments.core.report import (
         build_report,
         paper_groups,
@@ -31,8 +32,10 @@ def report(
         write_report,
     )
 
+    if not results_dir.exists():
+        fail(str(no_such_folder(results_dir, "give the folder your runs are in; default: results")))
     if not results_dir.is_dir():
-        fail(f"{results_dir} is not a folder; pass the folder your runs are in (default: results)")
+        fail(f"{results_dir} is not a folder; give the folder your runs are in (default: results)")
     rep = build_report(results_dir, all_runs=all_runs)
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     for problem in rep.problems:

@@ -9,8 +9,6 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-log = logging.getLogger(__name__)
-
 
 class CombineMultirun(Callback):
     """At the end of a sweep: one line per job that did not complete, the combined figures and
@@ -25,16 +23,24 @@ class CombineMultirun(Callback):
 
         if not is_main_process():  # under torchrun every rank runs the sweep; rank 0 alone combines and reports
             return
-        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir = Path(config.hydra.sweep.dir).absolute()  # absolute, as the jobs' own lines are
         if not sweep_dir.is_dir():
             return
+        lines: list[str] = []
         if completed_jobs(sweep_dir):
+            figures_log = logging.getLogger("experiments.core.plotting")
+            level = figures_log.level
+            figures_log.setLevel(logging.WARNING)  # its "figure PATH" lines would come through Hydra's logger
             try:
-                render_multirun(sweep_dir, warn=False)  # the summary below names the jobs left out
-                log.info("combined figures and claims: %s", sweep_dir)
+                figures = [p for p in render_multirun(sweep_dir, warn=False) if p.suffix == ".png"]
+                names = f" ({', '.join(p.name for p in figures)})" if figures else ""
+                lines.append(f"combined figures{names} and claims of the complete jobs: {sweep_dir}")
             except UserError as err:
-                log.error("could not combine the jobs: %s", err)
-        lines, n_bad = sweep_summary(sweep_dir)
+                lines.append(f"error: could not combine the jobs: {err}")
+            finally:
+                figures_log.setLevel(level)
+        summary, n_bad = sweep_summary(sweep_dir)
+        lines += summary
         # printed bare (Hydra's logger here would prefix a timestamp); to stderr when a job failed
         stream = sys.stderr if n_bad else sys.stdout
         for line in lines:

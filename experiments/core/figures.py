@@ -15,6 +15,7 @@ import pandas as pd
 
 from experiments.core import registry
 from experiments.core.errors import UserError
+from experiments.core.plotting import figure_caption
 from experiments.core.results import (
     CLAIM_COLUMNS,
     CLAIMS_FILE,
@@ -66,13 +67,39 @@ def _drawn(paths: list[Path], what: Path) -> list[Path]:
     return paths
 
 
+def _record(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def figure_title(exp: registry.Experiment, metrics: pd.DataFrame, records: list[dict]) -> str:
+    """`linreg_icl · Dherin et al. Fig. 2 · preset=cpu` (+ the models, + `sweep of N runs`): what a figure
+    shows, on the figure itself."""
+    name, paper, figures = (getattr(exp, key, "") for key in ("name", "paper", "figures"))
+    parts = [p for p in (name, f"{paper} {figures}".strip()) if p]
+    presets = sorted({str(r.get("preset")) for r in records if r.get("preset")})
+    if presets:
+        parts.append(f"preset={','.join(presets)}")
+    if "model" in metrics.columns:
+        models = sorted({str(m) for m in metrics["model"].dropna().unique()})
+        if models:
+            parts.append(f"model={','.join(models[:4])}{' …' if len(models) > 4 else ''}")
+    if len(records) > 1:
+        parts.append(f"sweep of {len(records)} runs")
+    return " · ".join(parts)
+
+
 def render_run(run_dir: Path, exp: registry.Experiment | None = None) -> list[Path]:
     exp = exp or registry.get(experiment_of(run_dir))
-    return exp.plot(read_metrics(run_dir), run_dir / FIGURES_DIR)
+    metrics = read_metrics(run_dir)
+    with figure_caption(figure_title(exp, metrics, [_record(run_dir)])):
+        return exp.plot(metrics, run_dir / FIGURES_DIR)
 
 
 def _render_incomplete_run(run_dir: Path) -> list[Path]:
-    """`icl-exp plot` on a run that did not complete: draw what it measured, and say so."""
+    """`icl-exp plot` on a run that did not complete: draw what it measured, and say so (on the figure too)."""
     state = run_state(run_dir)
     if state == "running":
         state = "running (or its process died)"
@@ -81,7 +108,9 @@ def _render_incomplete_run(run_dir: Path) -> list[Path]:
         raise UserError(f"{run_dir} is {state} and measured nothing: no figure to draw")
     log.warning("%s is %s: drawing what it measured, the figures are incomplete", run_dir, state)
     exp = registry.get(experiment_of(run_dir))
-    return _drawn(exp.plot(metrics, run_dir / FIGURES_DIR), run_dir)
+    warning = f"INCOMPLETE: the run is {state}; this is what it measured until then"
+    with figure_caption(figure_title(exp, metrics, [_record(run_dir)]), warning):
+        return _drawn(exp.plot(metrics, run_dir / FIGURES_DIR), run_dir)
 
 
 def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
@@ -110,20 +139,57 @@ def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
         columns = [c for c in CLAIM_COLUMNS if c in combined.columns] if "id" in combined.columns \
             else [c for c in combined.columns if c != "job"]
         write_csv_atomic(sweep_dir / CLAIMS_FILE, combined[["job", *columns]])
-    return exp.plot(metrics, sweep_dir / FIGURES_DIR)
+    with figure_caption(figure_title(exp, metrics, [_record(j) for j in jobs])):
+        return exp.plot(metrics, sweep_dir / FIGURES_DIR)
+
+
+def no_such_folder(path: Path, hint: str) -> UserError:
+    """The one wording of a missing folder, for `icl-exp plot` and `icl-exp report` alike."""
+    return UserError(f"{path}: no such folder ({hint})")
+
+
+def is_sweep_dir(path: Path) -> bool:
+    """Hydra's multirun folder: its multirun.yaml, or job folders named by job number (0, 1, ...)."""
+    jobs = job_dirs(path)
+    return (path / "multirun.yaml").is_file() or bool(jobs) and all(j.name.isdigit() for j in jobs)
+
+
+def _started(run_dir: Path) -> str:
+    try:
+        return str(json.loads((run_dir / RUN_FILE).read_text()).get("start") or "")
+    except (OSError, ValueError):
+        return ""
+
+
+def _folder_of_runs(path: Path) -> UserError:
+    """`icl-exp plot results/linreg_icl`: the folder an experiment's runs go in, not a run or a sweep.
+    Say so, and point to the newest run (complete if there is one) or sweep."""
+    runs = [p for p in job_dirs(path)]
+    sweeps_dir = path / "multirun"
+    sweeps = sorted(p for p in sweeps_dir.iterdir() if p.is_dir()) if sweeps_dir.is_dir() else []
+    complete = [r for r in runs if run_state(r) == "complete"]
+    newest = max(complete or runs, key=lambda r: (_started(r), r.name)) if runs else sweeps[-1]
+    counts = [f"{len(runs)} run{'s' * (len(runs) != 1)}"] if runs else []
+    if sweeps:
+        counts.append(f"{len(sweeps)} sweep{'s' * (len(sweeps) != 1)} under {sweeps_dir}")
+    which = "newest complete run" if complete else "newest run" if runs else "newest sweep"
+    return UserError(f"{path} is a folder of runs ({', '.join(counts)}), not one run: plot one of them, "
+                     f"e.g. the {which}: icl-exp plot {newest}")
 
 
 def render(path: Path) -> list[Path]:
     """`icl-exp plot PATH`: a run folder or a multirun folder."""
     path = Path(path)
     if not path.exists():
-        raise UserError(f"{path} does not exist")
+        raise no_such_folder(path, "give a run folder, or a sweep's folder to combine its jobs")
     if is_run_dir(path):
         if run_state(path) != "complete":
             return _render_incomplete_run(path)
         return _drawn(render_run(path), path)
-    if job_dirs(path):
+    if job_dirs(path) and is_sweep_dir(path):
         return _drawn(render_multirun(path), path)
+    if job_dirs(path) or (path / "multirun").is_dir() and any(p.is_dir() for p in (path / "multirun").iterdir()):
+        raise _folder_of_runs(path)
     if (path / RUN_FILE).is_file():
         raise UserError(f"{path} is {run_state(path)} and wrote no {METRICS_FILE}: no figure to draw")
     if (path / "multirun.yaml").is_file():

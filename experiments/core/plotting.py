@@ -6,6 +6,8 @@ Every figure is saved as PNG (for a quick look) and PDF (for a paper), atomicall
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
@@ -13,10 +15,14 @@ import matplotlib
 matplotlib.use("Agg")  # headless: clusters and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import LogFormatter, LogFormatterSciNotation  # noqa: E402
 
 from experiments.core.atomic import write_atomic  # noqa: E402
 
 log = logging.getLogger(__name__)
+# matplotlib logs at INFO ("Substituting symbol E from STIXNonUnicode" for each mathtext glyph), and a
+# run's logging passes INFO through: only its warnings reach the console.
+logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 PAPER_STYLE = {
     "figure.dpi": 110,
@@ -32,6 +38,51 @@ PAPER_STYLE = {
 }
 
 
+# What every figure saved while it is set says at its top: the experiment, model, preset (a title),
+# and a warning when the run did not complete (see experiments.core.figures).
+_caption: dict[str, str | None] = {"title": None, "warning": None}
+
+
+@contextmanager
+def figure_caption(title: str | None, warning: str | None = None) -> Iterator[None]:
+    before = dict(_caption)
+    _caption.update(title=title, warning=warning)
+    try:
+        yield
+    finally:
+        _caption.update(before)
+
+
+class PlainLogFormatter(LogFormatter):
+    """Log-axis labels as plain numbers (0.9, 1.25, 1e-05), not 9×10⁻¹: matplotlib's choice of which
+    ticks get a label is kept."""
+
+    def _num_to_string(self, x, vmin, vmax):
+        if 1 <= abs(x) < 1e6 and float(x).is_integer():
+            return f"{int(x)}"  # 1000, not 1e+03
+        return f"{x:.3g}"
+
+
+def _readable_log_ticks(fig) -> None:
+    """Every log axis still on matplotlib's default (scientific) formatter gets plain labels."""
+    for ax in fig.axes:
+        for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+            if scale != "log":
+                continue
+            if type(axis.get_major_formatter()) is LogFormatterSciNotation:
+                axis.set_major_formatter(PlainLogFormatter())
+            if type(axis.get_minor_formatter()) is LogFormatterSciNotation:
+                axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
+
+
+def _stamp(fig) -> None:
+    title, warning = _caption["title"], _caption["warning"]
+    if warning:
+        fig.suptitle(f"{title}\n{warning}" if title else warning, fontsize=9, color="C3")
+    elif title:
+        fig.suptitle(title, fontsize=9)
+
+
 def new_figure(ncols: int, nrows: int = 1, width: float = 3.6, height: float = 3.0, **kw):
     plt.rcParams.update(PAPER_STYLE)
     return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kw)
@@ -41,6 +92,8 @@ def save_figure(fig, figures_dir: Path, name: str) -> list[Path]:
     """Write figures_dir/name.png and .pdf; close the figure."""
     figures_dir = Path(figures_dir)
     paths = []
+    _readable_log_ticks(fig)
+    _stamp(fig)
     fig.tight_layout()
     for ext in ("png", "pdf"):
         path = figures_dir / f"{name}.{ext}"

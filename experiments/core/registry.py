@@ -9,6 +9,7 @@ as transformers are done inside functions).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 from collections.abc import Callable
@@ -47,7 +48,9 @@ def experiment_names() -> list[str]:
 def get(name: str) -> Experiment:
     names = experiment_names()
     if name not in names:
-        raise UserError(f"unknown experiment {name!r}; known: {', '.join(names)}")
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        mean = f"did you mean {close[0]}? " if close else ""
+        raise UserError(f"unknown experiment {name!r}; {mean}known: {', '.join(names)}")
     module = importlib.import_module(_module_name(name))
     exp = getattr(module, "EXPERIMENT", None)
     if not isinstance(exp, Experiment) or exp.name != name:

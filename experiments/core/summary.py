@@ -120,4 +120,26 @@ def sweep_summary(sweep_dir: Path) -> tuple[list[str], int]:
         lines.append(f"{len(bad)} of {len(jobs)} jobs failed or were interrupted; {done} complete: {sweep_dir}")
     else:
         lines.append(f"all {len(jobs)} jobs complete: {sweep_dir}")
+    complete = [(j, r, lab) for j, r, lab in zip(jobs, records, labels, strict=True) if r.get("status") == "complete"]
+    tally = claim_tally(sweep_dir, complete)
+    if tally:
+        lines.append(tally)
     return lines, len(bad)
+
+
+def claim_tally(sweep_dir: Path, complete: list[tuple[Path, dict, list[str]]]) -> str | None:
+    """`claims: 9 passed, 3 failed over the 3 complete jobs (1 in job 0 (seed=0), ...): PATH`, from the
+    counts each job's run.json holds; None when no complete job checked a claim."""
+    counted = [(j, int(r["claims_passed"]), int(r["claims_total"]), lab) for j, r, lab in complete
+               if r.get("claims_total") is not None and r.get("claims_passed") is not None]
+    total = sum(t for _, _, t, _ in counted)
+    if not total:
+        return None
+    passed = sum(p for _, p, _, _ in counted)
+    jobs = f"the {len(counted)} complete job{'s' * (len(counted) != 1)}"
+    failing = [f"{t - p} in job {j.name}{' (' + ' '.join(lab) + ')' if lab else ''}" for j, p, t, lab in counted
+               if p < t]
+    where = f" ({', '.join(failing)})" if failing else ""
+    claims_file = sweep_dir / "claims.csv"
+    return (f"claims: {passed} passed, {total - passed} failed over {jobs}{where}"
+            f"{': ' + str(claims_file) if claims_file.is_file() else ''}")

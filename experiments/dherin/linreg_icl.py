@@ -110,15 +110,18 @@ def _label(frame: pd.DataFrame) -> pd.Series:
 def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     metrics = metrics.copy()
     metrics["config"] = _label(metrics)
-    fig, axes = new_figure(4, width=3.5, height=3.0)
-    ax_loss, ax_close, ax_heat, ax_ctrl = axes[0]
+    heats = [(frame, title, label) for frame, title, label in (
+        (metric(metrics, "grid_abs_diff_patched"), r"$|\Phi_W(C,x) - \Phi_{W+\Delta W}(x)|$" + "\n(mean over tasks)",
+         "patch error, mean |difference|\n(paper: up to ~1e-7)"),
+        (metric(metrics, "grid_abs_diff_no_context"),
+         r"control: $|\Phi_W(C,x) - \Phi_W(x)|$" + "\n(unpatched, no context)",
+         "control error, mean |difference|\n(its own scale)"),
+    ) if not frame.empty]  # an interrupted run has no grid yet: no empty panel slots
+    fig, axes = new_figure(2 + len(heats), width=3.6, height=3.2)
+    ax_loss, ax_close, *ax_heats = axes[0]
     draw_loss_panels(ax_loss, ax_close, metrics)
-    _heat(fig, ax_heat, metric(metrics, "grid_abs_diff_patched"),
-          r"$|\Phi_W(C,x) - \Phi_{W+\Delta W}(x)|$" + "\n(mean over tasks)",
-          "patch error, mean |difference| (paper: up to ~1e-7)")
-    _heat(fig, ax_ctrl, metric(metrics, "grid_abs_diff_no_context"),
-          r"control: $|\Phi_W(C,x) - \Phi_W(x)|$" + "\n(unpatched, no context)",
-          "control error, mean |difference| (its own scale)")
+    for ax, (frame, title, label) in zip(ax_heats, heats, strict=True):
+        _heat(fig, ax, frame, title, label)
     return save_figure(fig, figures_dir, "fig2_linreg_icl")
 
 
@@ -135,7 +138,8 @@ def _heat(fig, ax, frame: pd.DataFrame, title: str, cbar_label: str) -> None:
     cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     cb.formatter.set_powerlimits((-2, 2))
     cb.update_ticks()
-    cb.set_label(cbar_label, fontsize=7)
+    cb.set_label(cbar_label, fontsize=8)
+    cb.ax.tick_params(labelsize=8)
     ax.set(xlabel="$x_1$", ylabel="$x_2$")
     ax.set_title(title, pad=14)  # room for the colorbar's ×10^k offset above it
     ax.grid(False)

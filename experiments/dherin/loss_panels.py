@@ -47,14 +47,23 @@ def draw_loss_panels(ax_loss, ax_close, metrics: pd.DataFrame) -> None:
         if not zero.empty and ci == 0:
             ax_loss.axhline(zero["value"].mean(), color="k", lw=0.6, ls="-.", label="zero predictor")
     ax_loss.set(yscale="log", xlabel="training step", ylabel="loss", title="Train and validation loss")
-    ax_loss.legend(loc="best", fontsize=6.5)
+    ax_loss.legend(loc="center right", fontsize=6.5)  # the curves run along the top and the bottom
     close = metrics[metrics["metric"].isin(["val_loss_context", "val_loss_patched"])]
     if not close.empty:
-        late = close[close["step"] >= close["step"].max() * 0.3]
+        last = close["step"].max()
+        late = close[close["step"] >= last * 0.3]
         lo, hi = late["value"].min(), late["value"].max()
-        ax_close.set_ylim(lo - 0.05 * (hi - lo + 1e-12), hi + 0.05 * (hi - lo + 1e-12))
-        ax_close.set_xlim(close["step"].max() * 0.3, close["step"].max() * 1.02)
+        # at least 2 % of the loss tall: two equal values (one checkpoint) would give a range of 1e-14 and
+        # tick labels like "1e-14+9.99e-1"
+        pad = max(0.05 * (hi - lo), 0.01 * abs(hi), 1e-12)
+        ax_close.set_ylim(lo - pad, hi + pad)
+        ax_close.yaxis.get_major_formatter().set_useOffset(False)
+        if last > 0:
+            ax_close.set_xlim(last * 0.3, last * 1.02)
+        else:  # only the checkpoint at step 0 (an interrupted run)
+            ax_close.set_xlim(-1, 1)
     gap = metrics[metrics["metric"] == "val_max_abs_diff"]["value"].max()
     ax_close.set(xlabel="training step", ylabel="validation loss",
                  title=f"Close-up: with context vs via ΔW\n(max |ŷ_ctx − ŷ_ΔW| = {gap:.1e})")
-    ax_close.legend(loc="best", fontsize=6.5)
+    # below the axes: the two curves fill the close-up, and any place inside it would cover them
+    ax_close.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), fontsize=7, frameon=False)

@@ -36,6 +36,7 @@ def validate(cfg: DictConfig) -> None:
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from experiments.core.runtime import dtype_name
     from experiments.goldwaser.gemma_models import threads_for
@@ -43,6 +44,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.patching.export import export_patched
     from experiments.patching.generate import logit_comparison
 
+    hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
     validate(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     with threads_for(bundle.model):

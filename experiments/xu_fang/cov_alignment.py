@@ -125,24 +125,32 @@ SERIES = {
 }
 
 
-def _band(ax, frame: pd.DataFrame, label: str, color: str, ls: str, x: str = "token_index") -> None:
+def _band(ax, frame: pd.DataFrame, label: str, color: str, ls: str, x: str = "token_index") -> float:
+    """Mean ± std over draws; returns the band's lowest point (the y-limits must not clip it)."""
     agg = mean_sem(frame, x)
     std = agg["std"].fillna(0.0)
     ax.plot(agg[x], agg["mean"], color=color, ls=ls, lw=1.3, label=label)
     ax.fill_between(agg[x], agg["mean"] - std, agg["mean"] + std, color=color, alpha=0.18, lw=0)
+    low = (agg["mean"] - std).min()
+    return float(low) if np.isfinite(low) else 0.0
 
 
 def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     dims = sorted(metric(metrics, "cos_readout")["d"].unique())
     fig, axes = new_figure(len(dims), width=3.3, height=2.9)
+    lows = []
     for ax, d in zip(axes[0], dims, strict=True):
         for name, (label, color, ls) in SERIES.items():
             frame = metric(metrics, name)
-            _band(ax, frame[frame["d"] == d], label, color, ls)
+            lows.append(_band(ax, frame[frame["d"] == d], label, color, ls))
         ax.axhline(1.0, color="k", lw=0.7, ls="--")
-        ax.set(xscale="log", ylim=(-0.2, 1.05), xlabel="token position t", ylabel="cosine similarity",
-               title=f"d = {int(d)}")
-    axes[0][0].legend(loc="lower right", fontsize=6.5)
+        ax.set(xscale="log", xlabel="token position t", ylabel="cosine similarity", title=f"d = {int(d)}")
+    for ax in axes[0]:  # one scale for all panels, low enough for the control's band
+        ax.set_ylim(max(-1.05, min([-0.2, *lows]) - 0.05), 1.05)
+    if dims:  # under the panels, not over the data of one of them
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=8,
+                   frameon=False)
     paths = save_figure(fig, figures_dir, "fig2_cov_alignment")
 
     fig, axes = new_figure(2, width=3.6, height=3.0)
@@ -157,8 +165,9 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
         t = np.geomspace(16, metrics["token_index"].max(), 10)
         ax_rate.plot(t, 40 / t, color="k", ls="--", lw=0.8, label=r"$\propto 1/t$")
     ax_rate.set(xscale="log", yscale="log", xlabel="token position t",
-                ylabel=r"$\|\sqrt{d_k}\,y_t - \Theta_V\Sigma\Theta_K^\top\Theta_Q x_t\|^2 / \|\cdot\|^2$",
-                title="Rate behind the alignment (Thm 3.6)")
+                ylabel=r"relative error $\|\sqrt{d_k}\,y_t - r_t\|^2 \,/\, \|r_t\|^2$",
+                title="Rate behind the alignment (Thm 3.6)\n" + r"$r_t = \Theta_V\Sigma\Theta_K^\top\Theta_Q x_t$ "
+                      "(the covariance readout)")
     ax_rate.legend(fontsize=6.5)
     ax_gamma.axhline(1.0, color="k", lw=0.7, ls="--")
     ax_gamma.set(xscale="log", ylim=(0, 2), xlabel="token position t", ylabel=r"$\hat\gamma\,\sqrt{d_k}$",

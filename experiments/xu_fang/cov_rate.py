@@ -171,7 +171,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
         ax_const.scatter(s["tau"] * s["trace"], s["value"], marker=marker, color=color,
                          label="varying ρ" if variant == "rho" else "varying d")
     ax_const.set(xscale="log", yscale="log", xlabel=r"$\tau_\alpha$ bound $\times$ tr $\Sigma$",
-                 ylabel=r"$n\cdot\mathbb{E}\|\bar X_n - m\|^2$ (late n)",
+                 ylabel=r"$n\cdot\mathbb{E}\|\bar X_n(q) - m_x(q)\|^2$, mean over late n",
                  title=r"Constant vs $\tau_\alpha\,\mathrm{tr}\,\Sigma$")
     ax_const.legend(fontsize=6.5)
     return save_figure(fig, figures_dir, "cov_rate")

@@ -95,7 +95,7 @@ def test_plot_on_a_folder_that_is_not_a_run(icl, icl_inprocess, tmp_path):
     proc = icl("plot", str(tmp_path))  # once through the real entry point
     assert_one_line_error(proc, "is not a run folder")
     proc = icl_inprocess("plot", str(tmp_path / "missing"))
-    assert_one_line_error(proc, "does not exist")
+    assert_one_line_error(proc, "no such folder")
 
 
 def test_two_stamps_in_the_same_second_differ():

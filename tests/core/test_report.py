@@ -132,7 +132,7 @@ def test_no_runs_and_no_folder(tmp_path):
     assert proc.returncode == 0 and "no run folders" in proc.stderr
     assert "never run" in (empty / "report.md").read_text() or "0/0" in (empty / "report.md").read_text()
     proc = run_cli("report", str(tmp_path / "nowhere"))
-    assert proc.returncode == 2 and "is not a folder" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "no such folder" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_readme_tables_between_markers(results, tmp_path):

@@ -107,6 +107,16 @@ def predict(outputs: Tensor) -> Tensor:
     return outputs[..., -1, -1]
 
 
+def predict_query(model: nn.Module, tokens: Tensor) -> Tensor:
+    """ŷ for each prompt (B, T, d_in), as `predict(model(tokens))`. Only the query token's output is
+    read, so an attention block runs the context as keys and values and the query token alone: the
+    same numbers (and gradients) as the whole causal pass at rounding level, without the T × T scores
+    that nobody reads (about 8x faster training on CPU). Other models run the whole pass."""
+    if type(model) is ContextualBlock and isinstance(model.contextual, AttentionContextual):
+        return predict(model(tokens[:, -1:], cache=model.contextual.cache(tokens[:, :-1])))
+    return predict(model(tokens))
+
+
 def attention_block(d: int, d_model: int = 32, n_heads: int = 8, d_mlp: int = 128, mlp_skip: bool = False,
                     attn_skip: bool = True) -> ContextualBlock:
     """The §4.1.1 model for inputs of dimension d (tokens of width d+1)."""
