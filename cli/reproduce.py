@@ -19,15 +19,19 @@ from pathlib import Path
 
 import typer
 
-# linreg_icl's run folder is the checkpoint of these (they load its trained block instead of training one)
-CHECKPOINT_FROM = "linreg_icl"
-USES_CHECKPOINT = ("dw_convergence", "finetune_compare", "factorization")
+
+def needs(name: str) -> tuple[str, ...]:
+    """The experiments whose run folder `name` takes as checkpoint= (`Experiment.needs`)."""
+    from experiments.core import registry
+
+    return registry.get(name).needs
 
 
 def ordered(names: list[str]) -> list[str]:
-    """linreg_icl first, then the experiments that load its checkpoint, then the rest (registry order)."""
-    first = [n for n in (CHECKPOINT_FROM, *USES_CHECKPOINT) if n in names]
-    return first + [n for n in names if n not in first]
+    """The experiments others need first, then those that need them (by name), then the rest as given."""
+    providers = [n for n in names if any(n in needs(m) for m in names)]
+    dependents = sorted(n for n in names if needs(n) and n not in providers)
+    return providers + dependents + [n for n in names if n not in providers and n not in dependents]
 
 
 def split_overrides(args: list[str], names: list[str]) -> tuple[str, list[str], dict[str, list[str]]]:
@@ -87,8 +91,9 @@ def reproduce(
                 break
             bar.update(overall, description=f"reproduce: {name}")
             args = [f"preset={preset}", f"hydra.run.dir={root / name}", *common, *per[name]]
-            if name in USES_CHECKPOINT and status.get(CHECKPOINT_FROM) == "complete":
-                args.append(f"checkpoint={(root / CHECKPOINT_FROM).resolve()}")
+            for provider in needs(name):
+                if status.get(provider) == "complete":
+                    args.append(f"checkpoint={(root / provider).resolve()}")
             t0 = time.perf_counter()
             log_file = root / "logs" / f"{name}.log"
             with open(log_file, "w") as log:

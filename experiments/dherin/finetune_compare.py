@@ -293,4 +293,5 @@ EXPERIMENT = Experiment(
     run=run,
     plot=plot,
     validate=validate,
+    needs=("linreg_icl",),  # checkpoint=RUN of linreg_icl: its trained block, not one trained here
 )
