@@ -93,7 +93,7 @@ def test_bad_variant_is_one_line_and_leaves_no_run_folder(tmp_path):
     run_dir = tmp_path / "run"
     res = _cli("run", "gemma_match", "preset=smoke", "variant=fancy", f"hydra.run.dir={run_dir}")
     assert res.returncode == 2
-    assert "variant='fancy' is not one of naive, stable, closed_loop" in res.stderr
+    assert "variant='fancy' is not one of naive, stable, conditioned, closed_loop, closed_loop_scale" in res.stderr
     assert "Traceback" not in res.stderr and not run_dir.exists()
 
 

@@ -36,5 +36,5 @@ def test_two_gloo_ranks_match_one_process_and_only_rank0_writes(tmp_path):
     # one folder, written once: one run.json, one log whose lines are not doubled
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "ddp", "single"]
     log = (run_dir / "icl-exp.log").read_text()
-    assert log.count("gpt_wq (Table 2, Fig. 1) ->") == 1
+    assert log.count("gpt_wq: Table 2, Fig. 1 ->") == 1
     assert pd.read_csv(run_dir / "metrics.csv").duplicated().sum() == 0

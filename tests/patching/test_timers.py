@@ -23,7 +23,7 @@ class _Patcher:
         self.events.append("context_step")
         return torch.zeros(5), [], cache
 
-    def patched_pass(self, query, caps):
+    def patched_pass(self, query, caps, keep=None):
         self.events.append("patched_pass")
         return PatchedPass(logits=torch.zeros(5), hidden_linf=[], hidden_rel=[])
 
