@@ -1,7 +1,8 @@
 """A Hugging Face checkpoint with one prompt's context moved into its weights (`icl-exp patch export`).
 
 For a prompt (context C, last token x) the patcher gives every decoder layer its patched tensors (the
-adapter's input matrices and output parameter: e.g. Gemma's W_gate, W_up, post-MLP scale; Llama's
+adapter's input matrices and output parameter: e.g. Gemma's W_gate, W_up, post-MLP scale (and W_down
+in the closed loop, which makes the patch survive a stock reload: closed_loop.py); Llama's
 W_gate, W_up, W_down; GPT-2's c_fc weight and c_proj bias). They are written into the model, which is
 saved with `save_pretrained`: stock `AutoModelForCausalLM.from_pretrained(DIR/patched)` loads it, and
 fed x alone it gives the original model's next-token logits after the whole prompt.
