@@ -39,7 +39,7 @@ from experiments.patching import lemmas
 from experiments.patching.arch.base import MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE, BlockAdapter
 from experiments.patching.capture import LayerCapture, first_output, last_position, register_captures, residual
 from experiments.patching.output_rules import LayerPatchStats, moe_down_rounded, owner, scale_input
-from experiments.patching.rounded import PatchBuffers, add_rank1_by_rows, input_update_rounded, row_dots
+from experiments.patching.rounded import PatchBuffers, add_rank1_by_rows, input_update_rounded
 
 
 def _input(args: tuple, kwargs: dict) -> Tensor:
@@ -107,7 +107,7 @@ def solve_output_rule(rule: str, module: nn.Module, P: Tensor, out: Tensor, args
     if rule == OUTER_WEIGHT:  # Thm 9, row by row: r_i = (T − v′)_i − W_i · y′ − b_i, then W_i += r_i y′ᵀ/‖y′‖²
         y = last_position(_input(args, kwargs)).to(cdt)
         t = target_minus_v if module.bias is None else target_minus_v - module.bias.to(cdt)
-        r = add_rank1_by_rows(P, lambda w, rows: t[rows] - row_dots(w, y), lemmas.outer_weight_direction(y), out, cdt)
+        r = add_rank1_by_rows(P, lambda w, rows: t[rows] - torch.mv(w, y), lemmas.outer_weight_direction(y), out, cdt)
         stats.dm_linf = float(r.abs().max())
         return
     out.copy_(P)  # the module's output with its original parameter: the layer would output T′ = v′ + g
