@@ -58,6 +58,9 @@ class RunContext:
     dtype: Any = None  # torch.dtype the run uses (resolved from cfg.dtype)
     precision: str | None = None  # what ran, when it is more than `dtype` says (e.g. "bfloat16 autocast, ...")
     flush_every_s: float = 10.0
+    # lines the experiment wants read after its claims (e.g. why a claim fails by design on these inputs);
+    # printed last and kept in run.json
+    notes: list[str] = field(default_factory=list)
     _rows: list[dict[str, Any]] = field(default_factory=list)
     _claims: list[dict[str, Any]] = field(default_factory=list)
     _last_flush: float = field(default_factory=time.monotonic)

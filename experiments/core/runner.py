@@ -143,11 +143,15 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     claims = ctx.claims()
     record["claims_passed"] = int(claims["passed"].sum())
     record["claims_total"] = len(claims)
+    if ctx.notes:
+        record["notes"] = list(ctx.notes)
     write_json_atomic(run_json, record)
     for row in claims.to_dict("records"):
         log.info("%s", claim_line(row))
     for line in run_summary(run_dir, claims, record["wall_time_s"], preset):
         log.info("%s", line)
+    for note in ctx.notes:
+        log.info("note: %s", note)
     return ctx
 
 

@@ -15,6 +15,7 @@ picture (one row per architecture). `gemma_match` is this experiment with Gemma 
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from experiments.core.runtime import dtype_name
 from experiments.core.validation import require_positive
 from experiments.goldwaser.patch_match_plots import CONTEXT_IMAGE, PAPER_BF16_MATCH, plot
 from experiments.patching.arch import CLOSED_LOOP, VARIANTS
+
+log = logging.getLogger(__name__)
 
 SOURCE = "Goldwaser §4.2"
 TABLE1 = "Goldwaser §5 Table 1"
@@ -104,6 +107,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     with threads_for(bundle.model):
         compare_all(cfg, ctx, bundle)
     check_claims(ctx, ctx.metrics(), ctx.dtype, cfg.variant, bool(cfg.control), str(cfg.model))
+    flag_random_weights(ctx, str(cfg.model))
 
 
 def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
@@ -119,6 +123,8 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
         image.save(ctx.path(CONTEXT_IMAGE))
     prompts = prompt_list(cfg)
     patcher = Patcher(bundle.model, cfg.variant)
+    log.info("model %s: %s, %s; %s, variant %s", cfg.model, describe_model(patcher), weights_origin(str(cfg.model)),
+             dtype_name(ctx.dtype), cfg.variant)
     choose = greedy if cfg.sampling == "greedy" else coupled_sampler(
         torch.Generator().manual_seed(int(cfg.seed)), float(cfg.temperature))
     stop_ids = stop_token_ids(bundle) if cfg.stop_at_eos else set()
@@ -177,6 +183,37 @@ def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
     for layer, (err, rel) in enumerate(zip(st.patched.hidden_linf, st.patched.hidden_rel, strict=True)):
         ctx.log("hidden_linf", err, layer=layer, **idx)
         ctx.log("hidden_rel", rel, layer=layer, **idx)
+
+
+def weights_origin(model: str) -> str:
+    """Where the weights come from, for the console: a failed claim reads differently on random weights."""
+    from experiments.goldwaser.patch_models import OFFLINE_MODELS, REAL_OFFLINE_MODELS
+
+    if model in OFFLINE_MODELS:
+        return "random weights (offline)"
+    if model in REAL_OFFLINE_MODELS:
+        return "trained weights (offline, from the package registry)"
+    return "trained weights" if not Path(model).expanduser().exists() else "weights from a local folder"
+
+
+def describe_model(patcher) -> str:
+    """`Gemma 3, 4 layers, d=64`: the family and the size of what ran."""
+    config = patcher.text_config
+    return f"{patcher.adapter.family}, {config.num_hidden_layers} layers, d={config.hidden_size}"
+
+
+def flag_random_weights(ctx: RunContext, model: str) -> None:
+    """The goldwaser claims state what the paper measured on a trained Gemma 3: on an offline model with
+    random weights a failure describes those weights (e.g. the open loop's amplification), not the paper.
+    Said after the claims, with the way to trained weights."""
+    from experiments.goldwaser.patch_models import OFFLINE_MODELS
+
+    claims = ctx.claims()
+    failed = claims.loc[~claims["passed"].astype(bool), "id"].tolist() if len(claims) else []
+    if model in OFFLINE_MODELS and failed:
+        ctx.notes.append(f"model={model} has random weights: the claims state what the paper measured on a trained "
+                         f"Gemma 3, so {', '.join(failed)} failing here describes these random weights, as it may by "
+                         "design; model=gemma-3-270m runs a trained Gemma 3 offline")
 
 
 def check_claims(ctx: RunContext, m: pd.DataFrame, dtype, variant: str, control: bool, model: str) -> None:

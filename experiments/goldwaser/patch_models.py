@@ -34,7 +34,7 @@ REAL_OFFLINE_MODELS = ("gemma-3-270m",)  # trained weights from the package regi
 TINY_ARCHITECTURES = ("tiny-gemma3", "tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-gptj")
 FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
             "HF_TOKEN=...), pass a local checkpoint folder as model=PATH, or use an offline model: "
-            f"model={' | '.join(REAL_OFFLINE_MODELS + OFFLINE_MODELS)}")
+            f"model={' | '.join(REAL_OFFLINE_MODELS + OFFLINE_MODELS)} (or preset=cpu, which runs one offline)")
 FOLDER_FIX_HINT = ("fix: the folder needs what `save_pretrained` writes for the model and its tokenizer "
                    "(config.json, model.safetensors or pytorch_model.bin, tokenizer files), or use an offline "
                    f"model: model={' | '.join(OFFLINE_MODELS)}")
