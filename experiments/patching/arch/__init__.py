@@ -1,4 +1,8 @@
-"""One adapter per architecture, keyed on transformers' `config.model_type`."""
+"""One adapter per architecture, keyed on transformers' `config.model_type`.
+
+Adding an architecture: its adapter file here (a `BlockAdapter` naming its Table 1 rule and carrying its
+tiny test config) and its line in FAMILIES. The offline tiny model, the parametrized tests over
+TINY_MODELS and `model_type` lookup follow from that line."""
 
 from __future__ import annotations
 
@@ -6,9 +10,16 @@ from experiments.core.errors import UserError
 from experiments.patching.arch import gemma3, gpt2, gptj, llama, mixtral
 from experiments.patching.arch.base import BlockAdapter
 
-ADAPTERS: dict[str, BlockAdapter] = {
-    t: module.ADAPTER for module in (gemma3, llama, gpt2, mixtral, gptj) for t in module.ADAPTER.model_types
-}
+FAMILIES: tuple[BlockAdapter, ...] = (
+    gemma3.ADAPTER,
+    llama.ADAPTER,
+    gpt2.ADAPTER,
+    mixtral.ADAPTER,
+    gptj.ADAPTER,
+)
+ADAPTERS: dict[str, BlockAdapter] = {t: adapter for adapter in FAMILIES for t in adapter.model_types}
+# offline name -> adapter, for the families that carry a tiny random test model (all of them today)
+TINY_MODELS: dict[str, BlockAdapter] = {a.tiny_model: a for a in FAMILIES if a.tiny_model and a.tiny_config}
 VARIANTS = ("naive", "stable", "conditioned", "closed_loop", "closed_loop_scale")
 CLOSED_LOOP = ("closed_loop", "closed_loop_scale")  # patched inside each layer's forward (closed_loop.py)
 
