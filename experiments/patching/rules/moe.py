@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from experiments.patching import lemmas
 from experiments.patching.arch.base import EXPERTS, MOE
 from experiments.patching.capture import last_position
+from experiments.patching.lemmas_ls import moe_features, moe_ls
 from experiments.patching.rules.base import OutputRule
 
 
@@ -44,6 +45,7 @@ def moe_down_rounded(experts: nn.Module, P: Tensor, out: Tensor, gate_up: Tensor
 class MixtureOfExperts(OutputRule):
     key = MOE
     theorem = "Thm 11 (MoE)"
+    exact_at_k = True
 
     def open_loop(self, adapter, layer, r, values, P, out, cdt, stats):
         # the routing and z of the with-context pass: the input update makes the patched router see z_C
@@ -59,3 +61,18 @@ class MixtureOfExperts(OutputRule):
         moe_down_rounded(module, P, out, expert_inputs(adapter, module), last_position(hidden), index[-1],
                          gates[-1], r, cdt)
         stats.dm_linf = float(r.abs().max())
+
+    def fit_positions(self, adapter, module, P, args, kwargs, R):
+        # stacked [ΔW′_1 … ΔW′_E] Φᵀ = Rᵀ, Φ_i = [a_i1 y_i1, …, a_iE y_iE] (a_ie = 0 for experts not picked):
+        # exact when the Φ_i are independent (k ≤ E·n)
+        hidden, index, weights = args[:3]
+        E = P.shape[0]
+        z = hidden.double()
+        gate_up = expert_inputs(adapter, module).detach().double()  # already patched (input side)
+        g, u = torch.einsum("kd,eod->keo", z, gate_up).chunk(2, dim=-1)
+        ys = module.act_fn(g) * u  # (k, E, n): every expert's outer input
+        a = torch.zeros(z.shape[0], E, dtype=torch.float64)
+        a.scatter_(1, index.long(), weights.double())
+        Phi = moe_features(ys, a)
+        delta = moe_ls(R, Phi, E)
+        return delta, Phi @ delta.permute(1, 0, 2).reshape(R.shape[1], -1).T

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from experiments.patching import lemmas
 from experiments.patching.arch.base import OUTER_BIAS
+from experiments.patching.lemmas_ls import outer_bias_ls
 from experiments.patching.rules.base import OutputRule
 
 
@@ -21,3 +22,8 @@ class OuterBias(OutputRule):
         r = self.residual_in_pass(module, P, out, args, kwargs, target_minus_v, cdt)
         out.copy_(P.to(cdt) + lemmas.outer_bias_update(r))
         stats.dm_linf = float(r.abs().max())
+
+    def fit_positions(self, adapter, module, P, args, kwargs, R):
+        # one Δb for every row: their mean, exact only at k = 1
+        delta = outer_bias_ls(R)
+        return delta, delta.expand_as(R)

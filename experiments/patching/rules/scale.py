@@ -12,7 +12,9 @@ from torch import Tensor, nn
 from experiments.patching import lemmas
 from experiments.patching.arch.base import SCALE
 from experiments.patching.capture import last_position
-from experiments.patching.rules.base import OutputRule
+from experiments.patching.lemmas_ls import scale_ls
+from experiments.patching.rounded import compute_dtype
+from experiments.patching.rules.base import OutputRule, as_rows, module_input
 
 
 def scale_input(norm: nn.Module, d: Tensor, cdt: torch.dtype) -> Tensor:
@@ -39,3 +41,10 @@ class Scale(OutputRule):
         dm, stats.div_zero = lemmas.scale_update(r, scale_input(module, last_position(args[0]), cdt))
         out.copy_(P.to(cdt) + dm)
         stats.dm_linf = float(dm.abs().max())
+
+    def fit_positions(self, adapter, module, P, args, kwargs, R):
+        # Δm per coordinate by least squares over the k rows: d parameters, exact only at k = 1. H as the
+        # norm computes it (float32; float64 for a float64 model, whose norms compute in float64)
+        H = as_rows(scale_input(module, module_input(args, kwargs).reshape(-1, R.shape[1]), compute_dtype(P.dtype)))
+        delta = scale_ls(R, H)
+        return delta, H * delta
