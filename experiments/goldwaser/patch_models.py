@@ -96,9 +96,11 @@ def build_offline(name: str, seed: int):
 
 
 def implementation_kwargs(config) -> dict:
-    """MoE experts run eagerly (one expert at a time, MixtralExperts' own loop): the MoE rule computes
-    each active expert's hidden state the same way, and the grouped-GEMM kernel has no float64."""
-    return {"experts_implementation": "eager"} if config.model_type == "mixtral" else {}
+    """What the architecture's adapter asks of the loader (Mixtral: experts run eagerly, patching/arch/)."""
+    from experiments.patching.arch import ADAPTERS
+
+    adapter = ADAPTERS.get(config.model_type)
+    return dict(adapter.load_kwargs) if adapter else {}
 
 
 # -- memory ------------------------------------------------------------------------------------------

@@ -15,15 +15,15 @@ so the pass is exactly the forward of the model with those weights: run again wi
 the same bits (tested). Rounding is fed back, not amplified: layer l + 1 is patched for the hidden state
 layer l really produced. In exact arithmetic this is Algorithm 1's patch.
 
-Gemma 3 (a SCALE block ending in m ⊙ RMSNorm(W_down h)): Thm 10 alone, Δm = r ⊘ h′ with h′ = Norm(d′),
-divides by the MLP's normalized outputs, some of which are near 0 on trained weights (max |Δm| up to 1e6
-on Gemma 3 270M). The patched layer then amplifies any change of its input by as much, and the exactness
-holds only for the bits of the pass it was solved in: a stock forward of the same weights (whose matrix-
-vector products round differently, e.g. MKL's for a weight at another memory alignment) is O(1) off by
-the middle layers. So `conditioned` (variant closed_loop; closed_loop_scale is Thm 10 alone) first patches
-W_down in its own pre-hook, by Thm 9 on its input h′, to output C · sign(d_C) (C = RMS(d_C);
-`lemmas.sign_pre_norm_target`); the norm's output is then ±C/√(C² + ε) in every coordinate, and Thm 10
-divides by that. The patched layer is as sensitive to its input as the original one.
+Gemma 3 and OLMo 2 (SCALE blocks ending in m ⊙ RMSNorm(W_down h)): Thm 10 alone, Δm = r ⊘ h′ with h′ =
+Norm(d′), divides by the MLP's normalized outputs, some of which are near 0 on trained weights (max |Δm| up
+to 1e6 on Gemma 3 270M; 2.8e4 on the random tiny-olmo2). The patched layer then amplifies any change of its
+input by as much, and the exactness holds only for the bits of the pass it was solved in: a stock forward of
+the same weights (whose matrix-vector products round differently, e.g. MKL's for a weight at another memory
+alignment) is O(1) off by the middle layers. So `conditioned` (variant closed_loop; closed_loop_scale is Thm
+10 alone) first patches W_down in its own pre-hook, by Thm 9 on its input h′, to output C · sign(d_C) (C =
+RMS(d_C); `lemmas.sign_pre_norm_target`); the norm's output is then ±C/√(C² + ε) in every coordinate, and
+Thm 10 divides by that. The patched layer is as sensitive to its input as the original one.
 
 Cost per layer: one forward, plus one pass over each patched matrix (`rounded.add_rank1_by_rows`);
 W_down's solve reads each row block once for T′ (or W h′) and the update together.

@@ -56,6 +56,8 @@ class BlockAdapter:
     # the offline tiny random model of this family (tests, smoke runs) and its config for a vocabulary size
     tiny_model: str | None = None
     tiny_config: Callable[[int], Any] | None = None
+    # extra `from_pretrained` / `from_config` keywords the rules need (an MoE's experts run eagerly)
+    load_kwargs: dict[str, str] = field(default_factory=dict)
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return getattr(self.decoder(model), self.layers_attr)
