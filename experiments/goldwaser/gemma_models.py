@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from experiments.core.errors import UserError
+from experiments.patching.arch.gemma3 import tiny_config as tiny_text_config  # beside its adapter
 
 EMBED_STD = 0.4  # logits of the tied output layer then spread by a few units, like a trained model's
 SMALL_MODEL_PARAMS = 50_000_000
@@ -86,20 +87,6 @@ def byte_tokenizer():
 
 
 # -- configs ---------------------------------------------------------------------------------------
-def tiny_text_config(vocab_size: int):
-    """4 layers alternating sliding-window (window 16) and global attention, GQA 4:2, GeGLU 128."""
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-        sliding_window=16, sliding_window_pattern=2, max_position_embeddings=4096,
-        pad_token_id=0, eos_token_id=1, bos_token_id=2,
-        # Untied: with a tied output a random model's top token is the query token itself, forever.
-        tie_word_embeddings=False,
-    )
-
-
 def gemma3_1b_config():
     """google/gemma-3-1b-it's config.json, typed out (the checkpoint is gated; the shape is public)."""
     from transformers import Gemma3TextConfig
