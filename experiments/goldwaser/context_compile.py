@@ -48,9 +48,9 @@ def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists: the model, its architecture, k against its rank."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.goldwaser.patch_match import prompt_list
-    from experiments.goldwaser.patch_models import check_model
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import rank_limit
+    from experiments.zoo.loading import check_model
 
     if not str(cfg.model).strip():
         raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-llama")
@@ -78,7 +78,7 @@ def validate(cfg: DictConfig) -> None:
 
 def _stops(cfg: DictConfig, bundle) -> set[int]:
     """End of reply tokens; `auto`: only for trained models (a random one has no notion of a reply's end)."""
-    from experiments.goldwaser.gemma_models import stop_token_ids
+    from experiments.zoo.prompts import stop_token_ids
 
     value = str(cfg.stop_at_eos).lower()
     stop = (not bundle.is_random) if value == "auto" else value == "true"
@@ -94,9 +94,9 @@ def start_token(tokenizer, prompt_ids) -> int:
 # -- the run --------------------------------------------------------------------------------------
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.goldwaser.context_compile_measure import compile_prompt
-    from experiments.goldwaser.gemma_models import threads_for
     from experiments.goldwaser.patch_match import prompt_list
-    from experiments.goldwaser.patch_models import load_model
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.threads import threads_for
 
     validate(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))

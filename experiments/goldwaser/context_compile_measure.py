@@ -68,10 +68,10 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
     from experiments.core.atomic import write_json_atomic
     from experiments.core.runtime import dtype_name
     from experiments.goldwaser.context_compile import PERTURB, start_token, sweep_ks
-    from experiments.goldwaser.gemma_models import encode_prompt
     from experiments.goldwaser.patch_match import check_context_length
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import capture_targets, fit_fixed_patch, layer_outputs
+    from experiments.zoo.prompts import encode_prompt
 
     model, tok = bundle.model, bundle.tokenizer
     adapter = adapter_for(model.config.model_type)
@@ -146,8 +146,9 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
     from transformers import AutoModelForCausalLM
 
     from experiments.core.atomic import save_pretrained, write_json_atomic
-    from experiments.goldwaser.patch_models import implementation_kwargs, quiet_transformers
     from experiments.patching.generate import logit_comparison
+    from experiments.zoo.loading import implementation_kwargs
+    from experiments.zoo.quiet import quiet_transformers
 
     tok, k, G = bundle.tokenizer, int(cfg.k), len(reply)
     with quiet_transformers():  # no "Writing model shards" bar

@@ -1,11 +1,13 @@
-"""Models for context patching on any supported architecture (see experiments/patching/arch/).
+"""A model by name, for every experiment and for patching: what `model=` accepts.
 
 `load_model(name, dtype, device, seed)` takes
-- a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have an adapter;
-- an offline random model: the Gemma 3 ones of gemma_models (tiny-gemma3, gemma3-1b-random,
+- a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must pass the architecture
+  gate (zoo/architectures.py: with patching imported, it must have an adapter);
+- `gemma-3-270m` or `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
+- an offline random model: the Gemma 3 ones of zoo/gemma.py (tiny-gemma3, gemma3-1b-random,
   tiny-gemma3-vision), and tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj (4 layers, d = 64, the stock
   transformers classes) and llama3.2-1b-random (Llama 3.2 1B's shape) built here, all with the same
-  byte-level tokenizer and chat template.
+  byte-level tokenizer and chat template (zoo/tokenizer.py).
 
 Before anything is allocated, the model's size is computed on the meta device and compared with the
 memory available: a model that cannot fit fails in one line. A hub id is tried only when the hub is
@@ -17,18 +19,19 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from experiments.core.errors import UserError
-from experiments.goldwaser import gemma_models
-from experiments.goldwaser.gemma_models import GemmaBundle, byte_tokenizer, randomize_
+from experiments.core.errors import UserError, first_line
+from experiments.zoo import architectures, gemma
+from experiments.zoo.bundle import ModelBundle
 from experiments.zoo.float64 import exact_float64_
+from experiments.zoo.quiet import quiet_transformers
+from experiments.zoo.random_weights import randomize_
+from experiments.zoo.tokenizer import byte_tokenizer
 
-ModelBundle = GemmaBundle  # a model with its tokenizer (and processor), whatever the architecture
-GEMMA_OFFLINE = gemma_models.OFFLINE_MODELS
+GEMMA_OFFLINE = gemma.OFFLINE_MODELS
 OFFLINE_MODELS = (*GEMMA_OFFLINE, "tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-gptj", "llama3.2-1b-random")
 REAL_OFFLINE_MODELS = ("gemma-3-270m",)  # trained weights from the package registry (experiments/zoo/gguf.py)
 TINY_ARCHITECTURES = ("tiny-gemma3", "tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-gptj")
@@ -89,11 +92,11 @@ def offline_config(name: str):
     """The config of an offline model (Gemma ones included), without building it."""
     tok_len = len(byte_tokenizer())
     if name == "tiny-gemma3":
-        return gemma_models.tiny_text_config(tok_len)
+        return gemma.tiny_text_config(tok_len)
     if name == "gemma3-1b-random":
-        return gemma_models.gemma3_1b_config()
+        return gemma.gemma3_1b_config()
     if name == "tiny-gemma3-vision":
-        return gemma_models.tiny_vision_config(tok_len)
+        return gemma.tiny_vision_config(tok_len)
     if name == "llama3.2-1b-random":
         return llama32_1b_config()
     return tiny_config(name, tok_len)
@@ -102,7 +105,7 @@ def offline_config(name: str):
 def build_offline(name: str, seed: int):
     """(model, tokenizer, processor) of one of OFFLINE_MODELS, in float32, weights drawn from `seed`."""
     if name in GEMMA_OFFLINE:
-        return gemma_models.build_offline(name, seed)
+        return gemma.build_offline(name, seed)
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -154,28 +157,6 @@ def check_fits(name: str, config, dtype: torch.dtype, device: torch.device | str
 
 
 # -- loading -----------------------------------------------------------------------------------------
-@contextmanager
-def quiet_transformers():
-    """transformers' and the hub's warnings and progress bars off while loading: the user gets one line, or
-    nothing."""
-    from transformers.utils import logging as hf_logging
-
-    before, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # "Loading weights", "Writing model shards": not ours to show
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(before)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0][:200]
-
-
 @functools.cache
 def hub_reachable(timeout: float = 3.0) -> bool:
     """One TCP connection to the hub (no retries); False when HF_HUB_OFFLINE is set."""
@@ -207,7 +188,7 @@ def resolve_config(name: str):
             config = AutoConfig.from_pretrained(name, local_files_only=local_only)
     except Exception as err:  # OSError (no network / gated / not found), ValueError, HTTP errors...
         why = "the hub is unreachable and it is not in the local cache" if local_only and where == "hub id" \
-            else _first_line(err)
+            else first_line(err)
         raise UserError(f"cannot load model {name!r} ({where}): {why}; {_fix_hint(where)}") from None
     return config, local_only
 
@@ -221,15 +202,13 @@ def local_checkpoint(name: str) -> str:
 
 def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
     """Everything that can be checked before a run folder exists: the config can be had, the
-    architecture has an adapter, the model fits in memory. Returns the config."""
-    from experiments.patching.arch import adapter_for
-
+    architecture passes the gate (has an adapter), the model fits in memory. Returns the config."""
     name = str(name)
     if name in OFFLINE_MODELS:
         config = offline_config(name)
     else:
         config, _ = resolve_config(local_checkpoint(name))
-    adapter_for(config.model_type)
+    architectures.require(config.model_type)
     check_fits(name, config, dtype, device)
     return config
 
@@ -253,7 +232,7 @@ def _from_pretrained(name: str, dtype: torch.dtype, local_only: bool):
     except UserError:
         raise
     except Exception as err:
-        raise UserError(f"cannot load model {name!r} ({where}): {_first_line(err)}; {_fix_hint(where)}") from None
+        raise UserError(f"cannot load model {name!r} ({where}): {first_line(err)}; {_fix_hint(where)}") from None
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
