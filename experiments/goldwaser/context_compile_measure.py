@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torch import Tensor
 
 from experiments.core.errors import UserError
@@ -19,6 +19,22 @@ from experiments.core.results import RunContext
 log = logging.getLogger(__name__)
 COMPILED_FILE = "compiled.json"  # beside the checkpoint: prompt, k, start token, measured agreement
 REPLIES_FILE = "replies.json"
+PERTURB = 1.01  # the perturbed fit: every fitted change ×1.01
+
+
+def sweep_ks(cfg: DictConfig) -> list[int]:
+    """The k of the checkpoint and the sweep's, sorted, each once."""
+    sweep = cfg.get("sweep") or []
+    if not isinstance(sweep, (list, ListConfig)) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                            for v in sweep):
+        raise UserError(f"sweep={sweep} must be a list of integers like [1,4,16]")
+    return sorted({int(cfg.k), *(int(v) for v in sweep)})
+
+
+def start_token(tokenizer, prompt_ids) -> int:
+    """What the compiled model is fed instead of the prompt: BOS, or (no BOS) the prompt's last token."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return int(bos) if bos is not None else int(prompt_ids[0, -1])
 
 
 def reply_with_context(model, inputs: dict, max_new: int, stop_ids: set[int],
@@ -67,7 +83,6 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
                    save_to: Path | None) -> None:
     from experiments.core.atomic import write_json_atomic
     from experiments.core.runtime import dtype_name
-    from experiments.goldwaser.context_compile import PERTURB, start_token, sweep_ks
     from experiments.goldwaser.patch_match import check_context_length
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import capture_targets, fit_fixed_patch, layer_outputs
