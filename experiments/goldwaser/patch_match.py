@@ -188,7 +188,7 @@ def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
 
 def weights_origin(model: str) -> str:
     """Where the weights come from, for the console: a failed claim reads differently on random weights."""
-    from experiments.goldwaser.patch_models import OFFLINE_MODELS, REAL_OFFLINE_MODELS
+    from experiments.zoo.loading import OFFLINE_MODELS, REAL_OFFLINE_MODELS
 
     if model in OFFLINE_MODELS:
         return "random weights (offline)"
@@ -207,7 +207,7 @@ def flag_random_weights(ctx: RunContext, model: str) -> None:
     """The goldwaser claims state what the paper measured on a trained Gemma 3: on an offline model with
     random weights a failure describes those weights (e.g. the open loop's amplification), not the paper.
     Said after the claims, with the way to trained weights."""
-    from experiments.goldwaser.patch_models import OFFLINE_MODELS
+    from experiments.zoo.loading import OFFLINE_MODELS
 
     claims = ctx.claims()
     failed = claims.loc[~claims["passed"].astype(bool), "id"].tolist() if len(claims) else []
