@@ -4,7 +4,8 @@ Below the papers and below patching, so that both can use it without climbing:
 
     core, data            errors, run folders, the cache folder
       ^
-    zoo                   imports only core, data and itself
+    zoo                   imports only core, data and itself (and, at call time, patching.arch:
+                          see architectures.py)
       ^
     patching              context -> weights; imports zoo, core, data
       ^
@@ -28,14 +29,16 @@ One job per file:
 - vision.py          context images: a file or a seeded synthetic one
 - threads.py         one CPU thread for small models
 - quiet.py           transformers' logging off while loading
-- architectures.py   the gate: which architectures are worth loading
+- architectures.py   the zoo's one window onto the adapters: which architectures are worth loading
 
-Two things the zoo needs come from above it, and flow down by registration, never by import:
-- which architectures can be patched: experiments/patching/arch/__init__.py installs its `adapter_for`
-  in architectures.py when it is imported; the zoo calls `architectures.require(model_type)` before it
-  reads a weight or converts a GGUF.
-- the tiny test configs, if the adapters come to carry them: they must not be imported here either. The
-  offline registry in loading.py builds them from transformers' config classes today (no adapter
-  needed); an adapter that owns its tiny config should hand it to the zoo the same way (patching
-  calling into the zoo at import), or name the zoo's model (`tiny-llama`) instead of holding its config.
+What the zoo needs from above it, it asks through architectures.py, inside functions only:
+- which architectures can be patched (an adapter in experiments/patching/arch/), checked before a weight
+  is read or a GGUF converted;
+- the tiny test configs, once the adapters carry them (issue 22): the offline registry in loading.py
+  builds them from transformers' config classes today; when an adapter owns its config, loading.py asks
+  for it the same way (a function in architectures.py importing patching.arch at call time), never with
+  an import at the top of a zoo module.
+Chosen over a registry that patching fills when it is imported: with that, what `load_model` accepts
+would depend on what the caller happened to import first. Importing the zoo never imports patching, so
+there is no cycle; test_layering allows exactly this window, and only inside functions.
 """

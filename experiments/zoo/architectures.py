@@ -1,35 +1,32 @@
-"""Which architectures the zoo loads: a gate that the layer above installs.
+"""The zoo's one window onto the architecture adapters above it (experiments/patching/arch/).
 
-Only architectures that context patching can handle are worth loading (a model without an adapter would
-be converted or downloaded, then refused). The list of those lives with the adapters in
-experiments/patching/arch/, above the zoo; the zoo cannot import it (patching imports the zoo, so that
-would be a cycle). Instead patching/arch/__init__.py installs its check here when it is imported, and
-the zoo asks `require(model_type)` before it reads a weight. Every caller that refuses an architecture
-(patch_match, layer_errors, context_compile and their tests) imports patching.arch to check the variant
-anyway, so the gate is in place when it matters. Without a gate (a caller that never patches) every
-architecture transformers knows is loaded.
+Only architectures that context patching can handle are worth loading: a model without an adapter would
+be downloaded or converted, then refused. Which ones those are is the adapters' knowledge, and the
+adapters sit above the zoo (patching imports the zoo). So the zoo asks them here and only here, inside
+functions: at call time, never while a zoo module is imported. Importing the zoo therefore never imports
+patching, and no import cycle can form; tests/zoo/test_layering.py allows this one lazy import out of
+the zoo and no other. (A registry that patching fills when it is imported was the alternative; it makes
+what the zoo accepts depend on what the caller happened to import first.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-_require: Callable[[str], object] | None = None
-_supported: Callable[[], str] | None = None
-
-
-def install(require: Callable[[str], object], supported: Callable[[], str]) -> None:
-    """`require(model_type)` raises a UserError for an architecture that cannot be used; `supported()`
-    names those that can, for messages."""
-    global _require, _supported
-    _require, _supported = require, supported
-
 
 def require(model_type: str) -> None:
-    """One line naming the supported architectures when `model_type` is not one of them."""
-    if _require is not None:
-        _require(model_type)
+    """One line naming the supported architectures when `model_type` has no adapter."""
+    from experiments.patching.arch import adapter_for
+
+    adapter_for(model_type)
+
+
+def known(model_type: str) -> bool:
+    from experiments.patching.arch import ADAPTERS
+
+    return model_type in ADAPTERS
 
 
 def supported() -> str:
-    return _supported() if _supported is not None else "any that transformers knows"
+    """The supported `model_type`s, for messages."""
+    from experiments.patching.arch import supported as names
+
+    return names()

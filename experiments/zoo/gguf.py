@@ -116,11 +116,9 @@ def _check_architecture(gguf: Path, name: str) -> None:
     except Exception as err:
         raise UserError(f"model={name!r}: cannot read the GGUF ({first_line(err)}); a GGUF of one of these "
                         f"architectures is needed: {architectures.supported()}") from None
-    try:
-        architectures.require(config.model_type)
-    except UserError:
+    if not architectures.known(config.model_type):
         raise UserError(f"model={name!r}: a GGUF of architecture {config.model_type!r}, which has no "
-                        f"context-patching adapter; supported: {architectures.supported()}") from None
+                        f"context-patching adapter; supported: {architectures.supported()}")
 
 
 def _convert(gguf: Path, folder: Path, name: str) -> None:

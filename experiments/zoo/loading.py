@@ -1,8 +1,8 @@
 """A model by name, for every experiment and for patching: what `model=` accepts.
 
 `load_model(name, dtype, device, seed)` takes
-- a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must pass the architecture
-  gate (zoo/architectures.py: with patching imported, it must have an adapter);
+- a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have a context-patching
+  adapter (asked through zoo/architectures.py);
 - `gemma-3-270m` or `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
 - an offline random model: the Gemma 3 ones of zoo/gemma.py (tiny-gemma3, gemma3-1b-random,
   tiny-gemma3-vision), and tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj (4 layers, d = 64, the stock
@@ -202,7 +202,7 @@ def local_checkpoint(name: str) -> str:
 
 def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
     """Everything that can be checked before a run folder exists: the config can be had, the
-    architecture passes the gate (has an adapter), the model fits in memory. Returns the config."""
+    architecture has an adapter (zoo/architectures.py), the model fits in memory. Returns the config."""
     name = str(name)
     if name in OFFLINE_MODELS:
         config = offline_config(name)

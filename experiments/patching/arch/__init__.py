@@ -5,7 +5,6 @@ from __future__ import annotations
 from experiments.core.errors import UserError
 from experiments.patching.arch import gemma3, gpt2, gptj, llama, mixtral
 from experiments.patching.arch.base import BlockAdapter
-from experiments.zoo import architectures
 
 ADAPTERS: dict[str, BlockAdapter] = {
     t: module.ADAPTER for module in (gemma3, llama, gpt2, mixtral, gptj) for t in module.ADAPTER.model_types
@@ -25,10 +24,6 @@ def adapter_for(model_type: str) -> BlockAdapter:
     except KeyError:
         raise UserError(f"model_type {model_type!r} has no context-patching adapter; "
                         f"supported: {supported()}") from None
-
-
-# The zoo loads only what has an adapter; it sits below patching, so patching tells it (zoo/architectures.py).
-architectures.install(require=adapter_for, supported=supported)
 
 
 def check_variant(adapter: BlockAdapter, variant: str) -> None:
