@@ -22,7 +22,8 @@ EXPORT_HELP = "\n\n".join([
     "OUT/base (the original, for random models), OUT/inputs.json (the context and query token ids) and "
     "OUT/run.json.",
     "Keys, as key=value (Hydra overrides; `icl-exp run patch_export --cfg job` prints them all):",
-    "model=ID, a local folder, or an offline model: tiny-gemma3, tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj "
+    "model=ID, a local folder, or an offline model: tiny-gemma3, tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj, "
+    "tiny-olmo2 "
     "(default tiny-gemma3)",
     "prompt=TEXT, the prompt whose context goes into the weights (default: the paper's Mars forecast prompt)",
     "out=DIR, the run folder (default results/patch_export/STAMP)",

@@ -15,15 +15,15 @@ so the pass is exactly the forward of the model with those weights: run again wi
 the same bits (tested). Rounding is fed back, not amplified: layer l + 1 is patched for the hidden state
 layer l really produced. In exact arithmetic this is Algorithm 1's patch.
 
-Gemma 3 (a SCALE block ending in m ⊙ RMSNorm(W_down h)): Thm 10 alone, Δm = r ⊘ h′ with h′ = Norm(d′),
-divides by the MLP's normalized outputs, some of which are near 0 on trained weights (max |Δm| up to 1e6
-on Gemma 3 270M). The patched layer then amplifies any change of its input by as much, and the exactness
-holds only for the bits of the pass it was solved in: a stock forward of the same weights (whose matrix-
-vector products round differently, e.g. MKL's for a weight at another memory alignment) is O(1) off by
-the middle layers. So `conditioned` (variant closed_loop; closed_loop_scale is Thm 10 alone) first patches
-W_down in its own pre-hook, by Thm 9 on its input h′, to output C · sign(d_C) (C = RMS(d_C);
-`lemmas.sign_pre_norm_target`); the norm's output is then ±C/√(C² + ε) in every coordinate, and Thm 10
-divides by that. The patched layer is as sensitive to its input as the original one.
+Gemma 3 and OLMo 2 (SCALE blocks ending in m ⊙ RMSNorm(W_down h)): Thm 10 alone, Δm = r ⊘ h′ with h′ =
+Norm(d′), divides by the MLP's normalized outputs, some of which are near 0 on trained weights (max |Δm| up
+to 1e6 on Gemma 3 270M; 2.8e4 on the random tiny-olmo2). The patched layer then amplifies any change of its
+input by as much, and the exactness holds only for the bits of the pass it was solved in: a stock forward of
+the same weights (whose matrix-vector products round differently, e.g. MKL's for a weight at another memory
+alignment) is O(1) off by the middle layers. So `conditioned` (variant closed_loop; closed_loop_scale is Thm
+10 alone) first patches W_down in its own pre-hook, by Thm 9 on its input h′, to output C · sign(d_C) (C =
+RMS(d_C); `lemmas.sign_pre_norm_target`); the norm's output is then ±C/√(C² + ε) in every coordinate, and
+Thm 10 divides by that. The patched layer is as sensitive to its input as the original one.
 
 Cost per layer: one forward, plus one pass over each patched matrix (`rounded.add_rank1_by_rows`);
 W_down's solve reads each row block once for T′ (or W h′) and the update together.
@@ -36,14 +36,11 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from experiments.patching import lemmas
-from experiments.patching.arch.base import MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE, BlockAdapter
+from experiments.patching.arch.base import OUTER_WEIGHT, BlockAdapter
 from experiments.patching.capture import LayerCapture, first_output, last_position, register_captures, residual
-from experiments.patching.output_rules import LayerPatchStats, moe_down_rounded, owner, scale_input
-from experiments.patching.rounded import PatchBuffers, add_rank1_by_rows, input_update_rounded
-
-
-def _input(args: tuple, kwargs: dict) -> Tensor:
-    return args[0] if args else kwargs["hidden_states"]
+from experiments.patching.rounded import PatchBuffers, input_update_rounded
+from experiments.patching.rules import LayerPatchStats, rule_for
+from experiments.patching.rules.base import module_input as _input
 
 
 def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCapture, args: tuple, kwargs: dict,
@@ -71,14 +68,14 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
     def patch_pre_norm(module, a, kw):  # Thm 9: W_down h′ = C sign(d_C), so the norm's output is ±1
         P = originals[pre_norm]
         solve_output_rule(OUTER_WEIGHT, module, P, bufs.tensors[pre_norm], a, kw,
-                          lemmas.sign_pre_norm_target(cap.d_c.to(cdt)), cdt, LayerPatchStats())
+                          lemmas.sign_pre_norm_target(cap.d_c.to(cdt)), cdt, LayerPatchStats(), adapter)
         done.append("pre_norm")
 
     def patch_output(module, a, kw):
         target_minus_v = cap.x_out.to(cdt) - residual(values).to(cdt)
         P = originals[adapter.output_param]
         solve_output_rule(adapter.output_rule, module, P, bufs.tensors[adapter.output_param], a, kw,
-                          target_minus_v, cdt, stats)
+                          target_minus_v, cdt, stats, adapter)
         done.append("output")
 
     handles = register_captures(adapter, layer, values)
@@ -86,7 +83,7 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
     if pre_norm:
         handles.append(layer.get_submodule(pre_norm.rsplit(".", 1)[0]).register_forward_pre_hook(
             patch_pre_norm, with_kwargs=True))
-    handles.append(owner(adapter, layer).register_forward_pre_hook(patch_output, with_kwargs=True))
+    handles.append(adapter.owner(layer).register_forward_pre_hook(patch_output, with_kwargs=True))
     try:
         output = functional_call(layer, bufs.tensors, args, kwargs)
     finally:
@@ -101,28 +98,10 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
 
 
 def solve_output_rule(rule: str, module: nn.Module, P: Tensor, out: Tensor, args: tuple, kwargs: dict,
-                      target_minus_v: Tensor, cdt: torch.dtype, stats: LayerPatchStats) -> None:
+                      target_minus_v: Tensor, cdt: torch.dtype, stats: LayerPatchStats,
+                      adapter: BlockAdapter | None = None) -> None:
     """Write into `out` (the tensor `module` reads in place of P) the parameter that makes the layer output
-    v′ + g = T(C, x), from the module's input in this pass. `target_minus_v` = T(C, x) − v′."""
-    if rule == OUTER_WEIGHT:  # Thm 9, row by row: r_i = (T − v′)_i − W_i · y′ − b_i, then W_i += r_i y′ᵀ/‖y′‖²
-        y = last_position(_input(args, kwargs)).to(cdt)
-        t = target_minus_v if module.bias is None else target_minus_v - module.bias.to(cdt)
-        r = add_rank1_by_rows(P, lambda w, rows: t[rows] - torch.mv(w, y), lemmas.outer_weight_direction(y), out, cdt)
-        stats.dm_linf = float(r.abs().max())
-        return
-    out.copy_(P)  # the module's output with its original parameter: the layer would output T′ = v′ + g
-    g = last_position(first_output(module.forward(*args, **kwargs))).to(cdt)  # .forward: no hooks
-    r = target_minus_v - g
-    if rule == OUTER_BIAS:  # Thm 8
-        out.copy_(P.to(cdt) + lemmas.outer_bias_update(r))
-        stats.dm_linf = float(r.abs().max())
-    elif rule == SCALE:  # Thm 10: Δm = r ⊘ h′, h′ = d′ / RMS(d′)
-        dm, stats.div_zero = lemmas.scale_update(r, scale_input(module, last_position(args[0]), cdt))
-        out.copy_(P.to(cdt) + dm)
-        stats.dm_linf = float(dm.abs().max())
-    elif rule == MOE:  # Thm 11, for the experts the patched router picked, with their patched gate/up
-        hidden, index, gates = args[:3]
-        moe_down_rounded(module, P, out, module.gate_up_proj, last_position(hidden), index[-1], gates[-1], r, cdt)
-        stats.dm_linf = float(r.abs().max())
-    else:
-        raise ValueError(f"unknown output rule {rule!r}")
+    v′ + g = T(C, x), from the module's input in this pass: the in-pass step of `rule`'s class
+    (`patching/rules/`). `target_minus_v` = T(C, x) − v′; `adapter` is the block's (the MoE rule finds the
+    experts' inputs through it)."""
+    rule_for(rule).closed_loop(adapter, module, P, out, args, kwargs, target_minus_v, cdt, stats)

@@ -46,51 +46,22 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from experiments.patching.arch.base import CONV1D, EXPERTS, MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE, BlockAdapter
+from experiments.patching.arch.base import CONV1D, EXPERTS, BlockAdapter
+from experiments.patching.lemmas_ls import (  # noqa: F401  (the lemmas' names stay importable from here)
+    input_update_ls,
+    moe_features,
+    moe_ls,
+    outer_bias_ls,
+    outer_weight_ls,
+    relative_residual,
+    scale_ls,
+)
+from experiments.patching.rules import RULES
+from experiments.patching.rules.base import as_rows as _rows
+from experiments.patching.rules.base import module_input as _hidden
 
-EXACT_RULES = (OUTER_WEIGHT, MOE)  # a matrix on the output side: exact at k positions (independent inputs)
-
-
-# -- the lemmas, on plain float tensors (rows are positions) ----------------------------------------------
-def input_update_ls(W: Tensor, Z_c: Tensor, Z: Tensor) -> Tensor:
-    """ΔW = W (Z_C − Z)ᵀ (Zᵀ)⁺ for W (..., out, in) (batched over experts), Z, Z_C (k, in): (W + ΔW) z_i =
-    W z_C,i at every row i whose z_i is independent of the others."""
-    return (W @ (Z_c - Z).T) @ torch.linalg.pinv(Z.T)
-
-
-def outer_weight_ls(R: Tensor, Y: Tensor) -> Tensor:
-    """ΔW′ = Rᵀ (Yᵀ)⁺ (out, n): ΔW′ y_i = r_i for independent rows y_i of Y (k, n)."""
-    return R.T @ torch.linalg.pinv(Y.T)
-
-
-def outer_bias_ls(R: Tensor) -> Tensor:
-    """The one Δb closest to every row of R (k, d) in least squares: their mean."""
-    return R.mean(0)
-
-
-def scale_ls(R: Tensor, H: Tensor) -> Tensor:
-    """Δm minimising Σ_i ‖h_i ⊙ Δm − r_i‖², coordinate by coordinate; 0 where every h_ij is 0 (Lemma 10:
-    such a coordinate cannot be moved by a scale)."""
-    den = H.square().sum(0)
-    return torch.where(den > 0, (H * R).sum(0) / torch.where(den > 0, den, torch.ones_like(den)), 0.0)
-
-
-def moe_features(ys: Tensor, weights: Tensor) -> Tensor:
-    """Φ (k, E·n) from every expert's outer input y_ie (k, E, n) and router weights a_ie (k, E), 0 for an
-    expert that position i did not pick."""
-    return (weights.unsqueeze(-1) * ys).reshape(ys.shape[0], -1)
-
-
-def moe_ls(R: Tensor, Phi: Tensor, experts: int) -> Tensor:
-    """ΔW′_e for every expert (E, d, n): Σ_e a_ie ΔW′_e y_ie = r_i for independent rows of Φ."""
-    stacked = R.T @ torch.linalg.pinv(Phi.T)  # (d, E·n)
-    return stacked.reshape(R.shape[1], experts, -1).permute(1, 0, 2)
-
-
-def relative_residual(R: Tensor, fitted: Tensor) -> float:
-    """‖R − fitted‖_F / ‖R‖_F (0 when R = 0)."""
-    norm = float(R.norm())
-    return float((R - fitted).norm()) / norm if norm > 0 else 0.0
+# a matrix on the output side (outer weight, MoE): exact at k positions (independent inputs)
+EXACT_RULES = tuple(key for key, rule in RULES.items() if rule.exact_at_k)
 
 
 # -- what the with-context pass gives -----------------------------------------------------------------
@@ -103,14 +74,6 @@ class Targets:
 
     def first(self, k: int) -> Targets:
         return Targets([t[:k] for t in self.z], [t[:k] for t in self.out])
-
-
-def _hidden(args: tuple, kwargs: dict) -> Tensor:
-    return args[0] if args else kwargs["hidden_states"]
-
-
-def _rows(t: Tensor) -> Tensor:
-    return t.detach().reshape(-1, t.shape[-1]).double()
 
 
 def _first(out):
@@ -226,36 +189,7 @@ def _output_side(adapter: BlockAdapter, module: nn.Module, P: Tensor, args: tupl
     the change into P; returns (relative least-squares residual, ‖R‖_F, max |Δ|)."""
     G = _rows(_first(module.forward(*args, **kwargs)))  # .forward: no hooks
     R = R_of_g(G)
-    rule = adapter.output_rule
-    if rule == OUTER_BIAS:
-        delta = outer_bias_ls(R)
-        fitted = delta.expand_as(R)
-    elif rule == SCALE:
-        from experiments.patching.output_rules import scale_input
-
-        H = scale_input(module, _hidden(args, kwargs).reshape(-1, R.shape[1]), torch.float32).double()
-        delta = scale_ls(R, H)
-        fitted = H * delta
-    elif rule == OUTER_WEIGHT:
-        if type(module).__name__ == "Conv1D" or not isinstance(module, nn.Linear):
-            raise NotImplementedError(f"{adapter.family}: the outer-weight fit reads an nn.Linear")
-        Y = _rows(_hidden(args, kwargs))
-        delta = outer_weight_ls(R, Y)
-        fitted = Y @ delta.T
-    elif rule == MOE:
-        hidden, index, weights = args[:3]
-        E = P.shape[0]
-        z = hidden.double()
-        gate_up = module.gate_up_proj.detach().double()  # already patched (input side)
-        g, u = torch.einsum("kd,eod->keo", z, gate_up).chunk(2, dim=-1)
-        ys = module.act_fn(g) * u  # (k, E, n): every expert's outer input
-        a = torch.zeros(z.shape[0], E, dtype=torch.float64)
-        a.scatter_(1, index.long(), weights.double())
-        Phi = moe_features(ys, a)
-        delta = moe_ls(R, Phi, E)
-        fitted = Phi @ delta.permute(1, 0, 2).reshape(R.shape[1], -1).T
-    else:
-        raise ValueError(f"unknown output rule {rule!r}")
+    delta, fitted = adapter.rule.fit_positions(adapter, module, P, args, kwargs, R)
     _write(P, delta)
     return relative_residual(R, fitted), float(R.norm()), float(delta.abs().max())
 

@@ -20,8 +20,9 @@ Variants (where layer l's patch is computed):
 - closed_loop (`closed_loop.py`): against the hidden state x′ the patched pass actually produced, inside
   the layer's one forward: the input update for its own z′, then the output rule solved for the exact
   with-context output T(C, x) against what the rounded input update gives. Rounding is fed back, not
-  amplified. For Gemma 3 W_down is patched too, so that the scale's update divides by ±1 (a patched model
-  that a stock forward reproduces); closed_loop_scale is Thm 10 alone, as naive, in the closed loop.
+  amplified. For a post-norm block (Gemma 3, OLMo 2) W_down is patched too, so that the scale's update
+  divides by ±1 (a patched model that a stock forward reproduces); closed_loop_scale is Thm 10 alone, as
+  naive, in the closed loop.
 
 Patch arithmetic is float32 (float64 for float64 models); only W + ΔW is rounded, once.
 """

@@ -34,11 +34,10 @@ One job per file:
 What the zoo needs from above it, it asks through architectures.py, inside functions only:
 - which architectures can be patched (an adapter in experiments/patching/arch/), checked before a weight
   is read or a GGUF converted;
-- the tiny test configs, once the adapters carry them (issue 22): the offline registry in loading.py
-  builds them from transformers' config classes today; when an adapter owns its config, loading.py asks
-  for it the same way (a function in architectures.py importing patching.arch at call time), never with
-  an import at the top of a zoo module.
+- the adapters' tiny test models (names and configs) and what an adapter asks of the loader
+  (`load_kwargs`). loading.py asks for the names once, when it is imported: importing zoo.loading
+  imports the adapters; the rest of the zoo, which patching uses, never imports patching.
 Chosen over a registry that patching fills when it is imported: with that, what `load_model` accepts
-would depend on what the caller happened to import first. Importing the zoo never imports patching, so
-there is no cycle; test_layering allows exactly this window, and only inside functions.
+would depend on what the caller happened to import first. The cycle test keeps patching from importing
+zoo.loading (which would close a cycle); test_layering allows exactly this window, inside functions only.
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from experiments.core.errors import UserError
+from experiments.zoo import architectures
 from experiments.zoo.random_weights import randomize_
 from experiments.zoo.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, byte_tokenizer
 
@@ -20,17 +21,8 @@ OFFLINE_MODELS = ("tiny-gemma3", "gemma3-1b-random", "tiny-gemma3-vision")
 
 
 def tiny_text_config(vocab_size: int):
-    """4 layers alternating sliding-window (window 16) and global attention, GQA 4:2, GeGLU 128."""
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-        sliding_window=16, sliding_window_pattern=2, max_position_embeddings=4096,
-        pad_token_id=0, eos_token_id=1, bos_token_id=2,
-        # Untied: with a tied output a random model's top token is the query token itself, forever.
-        tie_word_embeddings=False,
-    )
+    """tiny-gemma3's config: the Gemma adapter carries it (patching/arch/gemma3.py)."""
+    return architectures.tiny_config("tiny-gemma3", vocab_size)
 
 
 def gemma3_1b_config():

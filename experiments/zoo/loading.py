@@ -5,9 +5,10 @@
   adapter (asked through zoo/architectures.py);
 - `gemma-3-270m` or `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
 - an offline random model: the Gemma 3 ones of zoo/gemma.py (tiny-gemma3, gemma3-1b-random,
-  tiny-gemma3-vision), and tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj (4 layers, d = 64, the stock
-  transformers classes) and llama3.2-1b-random (Llama 3.2 1B's shape) built here, all with the same
-  byte-level tokenizer and chat template (zoo/tokenizer.py).
+  tiny-gemma3-vision), every other adapter's tiny model (tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj,
+  tiny-olmo2: 4 layers, d = 64, the stock transformers classes, each config beside its adapter in
+  patching/arch/, asked through zoo/architectures.py) and llama3.2-1b-random (Llama 3.2 1B's shape)
+  built here, all with the same byte-level tokenizer and chat template (zoo/tokenizer.py).
 
 Before anything is allocated, the model's size is computed on the meta device and compared with the
 memory available: a model that cannot fit fails in one line. A hub id is tried only when the hub is
@@ -32,9 +33,9 @@ from experiments.zoo.random_weights import randomize_
 from experiments.zoo.tokenizer import byte_tokenizer
 
 GEMMA_OFFLINE = gemma.OFFLINE_MODELS
-OFFLINE_MODELS = (*GEMMA_OFFLINE, "tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-gptj", "llama3.2-1b-random")
+TINY_ARCHITECTURES = architectures.tiny_models()  # one tiny random model per adapter, named by the adapter
+OFFLINE_MODELS = (*GEMMA_OFFLINE, *(n for n in TINY_ARCHITECTURES if n not in GEMMA_OFFLINE), "llama3.2-1b-random")
 REAL_OFFLINE_MODELS = ("gemma-3-270m",)  # trained weights from the package registry (experiments/zoo/gguf.py)
-TINY_ARCHITECTURES = ("tiny-gemma3", "tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-gptj")
 FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
             "HF_TOKEN=...), pass a local checkpoint folder as model=PATH, or use an offline model: "
             f"model={' | '.join(REAL_OFFLINE_MODELS + OFFLINE_MODELS)} (or preset=cpu, which runs one offline)")
@@ -51,29 +52,11 @@ def _fix_hint(where: str) -> str:
 
 # -- offline random models ---------------------------------------------------------------------------
 def tiny_config(name: str, vocab_size: int):
-    """The transformers config of a tiny random model: 4 layers, d = 64, 4 heads, untied output layer
-    (with a tied one a random model's top token is the query token itself)."""
-    common = dict(vocab_size=vocab_size, pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False)
-    if name == "tiny-llama":
-        from transformers import LlamaConfig
-
-        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                           num_key_value_heads=2, max_position_embeddings=4096, **common)
-    if name == "tiny-mixtral":
-        from transformers import MixtralConfig
-
-        return MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                             num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                             max_position_embeddings=4096, sliding_window=None, **common)
-    if name == "tiny-gpt2":
-        from transformers import GPT2Config
-
-        return GPT2Config(n_embd=64, n_layer=4, n_head=4, n_positions=1024, **common)
-    if name == "tiny-gptj":
-        from transformers import GPTJConfig
-
-        return GPTJConfig(n_embd=64, n_layer=4, n_head=4, rotary_dim=8, n_positions=1024, **common)
-    raise UserError(f"unknown offline model {name!r}; known: {', '.join(OFFLINE_MODELS)}")
+    """The transformers config of a tiny random model, from its adapter (patching/arch/): 4 layers,
+    d = 64, 4 heads, untied output layer."""
+    if name not in TINY_ARCHITECTURES:
+        raise UserError(f"unknown offline model {name!r}; known: {', '.join(OFFLINE_MODELS)}")
+    return architectures.tiny_config(name, vocab_size)
 
 
 def llama32_1b_config(vocab_size: int = 128256):
@@ -115,9 +98,8 @@ def build_offline(name: str, seed: int):
 
 
 def implementation_kwargs(config) -> dict:
-    """MoE experts run eagerly (one expert at a time, MixtralExperts' own loop): the MoE rule computes
-    each active expert's hidden state the same way, and the grouped-GEMM kernel has no float64."""
-    return {"experts_implementation": "eager"} if config.model_type == "mixtral" else {}
+    """What the architecture's adapter asks of the loader (Mixtral: experts run eagerly, patching/arch/)."""
+    return architectures.load_kwargs(config.model_type)
 
 
 # -- memory ------------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ PATCHED = {
     ("tiny-gpt2", "closed_loop"): {"mlp.c_fc.weight", "mlp.c_proj.bias"},
     ("tiny-mixtral", "closed_loop"): {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"},
     ("tiny-gptj", "closed_loop"): {"mlp.fc_in.weight", "mlp.fc_out.bias"},
+    ("tiny-olmo2", "closed_loop"): {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                                    "post_feedforward_layernorm.weight"},
 }
 
 

@@ -131,7 +131,9 @@ def test_patched_tensors_are_the_adapters_parameters_in_the_model_dtype():
     expected = {"tiny-llama": {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"},
                 "tiny-gpt2": {"mlp.c_fc.weight", "mlp.c_proj.bias"},
                 "tiny-gptj": {"mlp.fc_in.weight", "mlp.fc_out.bias"},
-                "tiny-mixtral": {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"}}
+                "tiny-mixtral": {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"},
+                "tiny-olmo2": {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                               "post_feedforward_layernorm.weight"}}
     for name, names in expected.items():
         b = _bundle(name, torch.bfloat16)
         patcher = Patcher(b.model, "closed_loop")
@@ -152,3 +154,7 @@ def test_unsupported_architecture_and_inapplicable_variant_are_one_line():
     with pytest.raises(UserError, match="variant=stable .* needs a post-MLP norm, which Llama does not have"):
         check_variant(adapter_for("llama"), "stable")
     check_variant(adapter_for("gemma3_text"), "stable")
+    # OLMo 2 has a post-MLP norm (closed_loop_scale applies) but App. B's code is Gemma's block's
+    with pytest.raises(UserError, match="variant=conditioned .* written for Gemma 3's block.*OLMo 2 has a post-MLP"):
+        check_variant(adapter_for("olmo2"), "conditioned")
+    check_variant(adapter_for("olmo2"), "closed_loop_scale")

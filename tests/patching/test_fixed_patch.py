@@ -131,7 +131,8 @@ def _fit_and_check(name: str, k: int, dtype=torch.float64):
     return errors, perturbed, patch, restored
 
 
-@pytest.mark.parametrize("name, k", [("tiny-llama", 5), ("tiny-mixtral", 5), ("tiny-gpt2", 1), ("tiny-gptj", 1)])
+@pytest.mark.parametrize("name, k", [("tiny-llama", 5), ("tiny-mixtral", 5), ("tiny-gpt2", 1), ("tiny-gptj", 1),
+                                     ("tiny-olmo2", 1)])
 def test_closed_loop_fit_is_exact_at_the_fitted_positions_in_float64(name, k):
     errors, perturbed, patch, restored = _fit_and_check(name, k)
     assert max(errors) < 1e-6, errors  # float64 apart from transformers' float32 norm casts

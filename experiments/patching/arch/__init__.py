@@ -1,14 +1,26 @@
-"""One adapter per architecture, keyed on transformers' `config.model_type`."""
+"""One adapter per architecture, keyed on transformers' `config.model_type`.
+
+Adding an architecture: its adapter file here (a `BlockAdapter` naming its Table 1 rule and carrying its
+tiny test config) and its line in FAMILIES. The offline tiny model, the parametrized tests over
+TINY_MODELS and `model_type` lookup follow from that line."""
 
 from __future__ import annotations
 
 from experiments.core.errors import UserError
-from experiments.patching.arch import gemma3, gpt2, gptj, llama, mixtral
+from experiments.patching.arch import gemma3, gpt2, gptj, llama, mixtral, olmo2
 from experiments.patching.arch.base import BlockAdapter
 
-ADAPTERS: dict[str, BlockAdapter] = {
-    t: module.ADAPTER for module in (gemma3, llama, gpt2, mixtral, gptj) for t in module.ADAPTER.model_types
-}
+FAMILIES: tuple[BlockAdapter, ...] = (
+    gemma3.ADAPTER,
+    llama.ADAPTER,
+    gpt2.ADAPTER,
+    mixtral.ADAPTER,
+    gptj.ADAPTER,
+    olmo2.ADAPTER,
+)
+ADAPTERS: dict[str, BlockAdapter] = {t: adapter for adapter in FAMILIES for t in adapter.model_types}
+# offline name -> adapter, for the families that carry a tiny random test model (all of them today)
+TINY_MODELS: dict[str, BlockAdapter] = {a.tiny_model: a for a in FAMILIES if a.tiny_model and a.tiny_config}
 VARIANTS = ("naive", "stable", "conditioned", "closed_loop", "closed_loop_scale")
 CLOSED_LOOP = ("closed_loop", "closed_loop_scale")  # patched inside each layer's forward (closed_loop.py)
 
@@ -31,8 +43,12 @@ def check_variant(adapter: BlockAdapter, variant: str) -> None:
         raise UserError(f"variant={variant!r} is not one of {', '.join(VARIANTS)}")
     if variant in ("stable", "conditioned") and not adapter.stable:
         have = ", ".join(sorted({a.family for a in ADAPTERS.values() if a.stable}))
+        if adapter.pre_norm_matrix:  # a post-MLP norm, but not the block App. B's code is written for
+            raise UserError(f"variant={variant} (App. B) is written for Gemma 3's block (scale 1 + weight); "
+                            f"{adapter.family} has a post-MLP norm but no App. B update here (only {have}); "
+                            "use variant=naive or closed_loop")
         raise UserError(f"variant={variant} (App. B) needs a post-MLP norm, which {adapter.family} does not have "
                         f"(only {have}); use variant=naive or closed_loop")
     if variant == "closed_loop_scale" and not adapter.pre_norm_matrix:
-        raise UserError(f"variant=closed_loop_scale (Thm 10 alone in the closed loop) is the Gemma 3 closed loop "
+        raise UserError(f"variant=closed_loop_scale (Thm 10 alone in the closed loop) is the post-norm closed loop "
                         f"without its W_down step; {adapter.family} has no post-MLP norm: use variant=closed_loop")

@@ -6,15 +6,19 @@ The shared engine (`experiments/patching/patcher.py`) needs, per block:
   parallel block, the attention module whose output A is added to x (v = x + A);
 - the input matrices that read z (each gets the rank-1 input update, Thms 6–7) and their layout;
 - the output rule (Thm 8–11) with the parameter it changes and what it reads (`captures`);
-- whether App. B's stable update applies (it needs a post-MLP norm).
+- whether App. B's stable update applies (it needs a post-MLP norm);
+- its tiny random test model: an offline name and the transformers config it is built from, beside the
+  block it exercises (as transformers keeps each test model's config with its architecture).
 Everything else is shared. An adapter is a few lines of data; see gemma3.py, llama.py, gpt2.py,
-mixtral.py, gptj.py.
+mixtral.py, gptj.py, olmo2.py. The output rules themselves are classes in `patching/rules/`, keyed by
+`output_rule`: the engine asks the adapter for its `rule` and never branches on the name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -49,6 +53,28 @@ class BlockAdapter:
     # patches it too, so that Thm 10 divides by ±1 (lemmas.sign_pre_norm_target): see closed_loop.py
     pre_norm_matrix: str | None = None
     theorem: str = ""  # which Table 1 rows this block uses, for tables
+    # the offline tiny random model of this family (tests, smoke runs) and its config for a vocabulary size
+    tiny_model: str | None = None
+    tiny_config: Callable[[int], Any] | None = None
+    # extra `from_pretrained` / `from_config` keywords the rules need (an MoE's experts run eagerly)
+    load_kwargs: dict[str, str] = field(default_factory=dict)
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return getattr(self.decoder(model), self.layers_attr)
+
+    def owner(self, layer: nn.Module) -> nn.Module:
+        """The module whose parameter the output rule changes (post-MLP norm, W_down, c_proj, the experts)."""
+        return layer.get_submodule(self.output_param.rsplit(".", 1)[0])
+
+    @property
+    def rule(self):
+        """The Table 1 output rule this block uses (`patching/rules/`), an `OutputRule`."""
+        from experiments.patching.rules import rule_for  # the rules import this module's constants
+
+        return rule_for(self.output_rule)
+
+
+def tiny_common(vocab_size: int) -> dict:
+    """What every tiny random config shares: the byte tokenizer's vocabulary and special ids, and an
+    untied output layer (with a tied one a random model's top token is the query token itself)."""
+    return dict(vocab_size=vocab_size, pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False)

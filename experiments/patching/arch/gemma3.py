@@ -11,6 +11,21 @@ by ±1 instead of by MLP outputs near 0 (closed_loop.py).
 
 from experiments.patching.arch.base import LINEAR, SCALE, BlockAdapter
 
+
+def tiny_config(vocab_size: int):
+    """tiny-gemma3: 4 layers alternating sliding-window (window 16) and global attention, GQA 4:2, GeGLU 128."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=16, sliding_window_pattern=2, max_position_embeddings=4096,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        # Untied: with a tied output a random model's top token is the query token itself, forever.
+        tie_word_embeddings=False,
+    )
+
+
 ADAPTER = BlockAdapter(
     model_types=("gemma3_text", "gemma3"),
     family="Gemma 3",
@@ -25,4 +40,6 @@ ADAPTER = BlockAdapter(
     stable=True,
     pre_norm_matrix="mlp.down_proj.weight",
     theorem="Thm 7 + Thm 10 (post-norm scale)",
+    tiny_model="tiny-gemma3",  # built by zoo/gemma.py (its processor and vision variant live there)
+    tiny_config=tiny_config,
 )

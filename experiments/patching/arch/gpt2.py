@@ -6,7 +6,15 @@ Conv1D stores its weight as (in, out) and computes z W + b, so c_fc's effective 
 update is applied transposed (layout CONV1D). c_proj's bias absorbs r (Thm 8).
 """
 
-from experiments.patching.arch.base import CONV1D, OUTER_BIAS, BlockAdapter
+from experiments.patching.arch.base import CONV1D, OUTER_BIAS, BlockAdapter, tiny_common
+
+
+def tiny_config(vocab_size: int):
+    """tiny-gpt2: 4 layers, d = 64, 4 heads, learned positions (which the open loop misses: test_arch)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(n_embd=64, n_layer=4, n_head=4, n_positions=1024, **tiny_common(vocab_size))
+
 
 ADAPTER = BlockAdapter(
     model_types=("gpt2",),
@@ -18,4 +26,6 @@ ADAPTER = BlockAdapter(
     output_param="mlp.c_proj.bias",
     residual_at="ln_2",
     theorem="Thm 7 + Thm 8 (outer bias)",
+    tiny_model="tiny-gpt2",
+    tiny_config=tiny_config,
 )

@@ -7,7 +7,15 @@ z = z_C and the input update is zero; the whole attention change goes into fc_ou
 When the patched pass's own input differs from the target (closed loop) fc_in gets the input update.
 """
 
-from experiments.patching.arch.base import LINEAR, OUTER_BIAS, BlockAdapter
+from experiments.patching.arch.base import LINEAR, OUTER_BIAS, BlockAdapter, tiny_common
+
+
+def tiny_config(vocab_size: int):
+    """tiny-gptj: 4 layers, d = 64, 4 heads, rotary on the first 8 of each head's 16 dimensions."""
+    from transformers import GPTJConfig
+
+    return GPTJConfig(n_embd=64, n_layer=4, n_head=4, rotary_dim=8, n_positions=1024, **tiny_common(vocab_size))
+
 
 ADAPTER = BlockAdapter(
     model_types=("gptj",),
@@ -19,4 +27,6 @@ ADAPTER = BlockAdapter(
     output_param="mlp.fc_out.bias",
     attention="attn",
     theorem="Thm 12 (parallel block) + Thm 8 (outer bias)",
+    tiny_model="tiny-gptj",
+    tiny_config=tiny_config,
 )

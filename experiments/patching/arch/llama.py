@@ -6,7 +6,16 @@ Input matrices W_gate, W_up (Thm 7); W_down absorbs r by a rank-1 update (Thm 9)
 App. B's stable update does not apply.
 """
 
-from experiments.patching.arch.base import LINEAR, OUTER_WEIGHT, BlockAdapter
+from experiments.patching.arch.base import LINEAR, OUTER_WEIGHT, BlockAdapter, tiny_common
+
+
+def tiny_config(vocab_size: int):
+    """tiny-llama: 4 layers, d = 64, GQA 4:2, SwiGLU 128."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=4096, **tiny_common(vocab_size))
+
 
 ADAPTER = BlockAdapter(
     model_types=("llama", "mistral", "qwen2"),
@@ -19,4 +28,6 @@ ADAPTER = BlockAdapter(
     residual_at="post_attention_layernorm",
     captures={"y": ("mlp.down_proj", "input")},
     theorem="Thm 7 + Thm 9 (outer weight)",
+    tiny_model="tiny-llama",
+    tiny_config=tiny_config,
 )

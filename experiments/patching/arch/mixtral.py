@@ -9,7 +9,17 @@ and the same experts fire with the same gates (Thm 11). Every expert's gate/up (
 r / S by a rank-1 update (S = Σ g_j = 1 after Mixtral's renormalization).
 """
 
-from experiments.patching.arch.base import EXPERTS, LINEAR, MOE, BlockAdapter
+from experiments.patching.arch.base import EXPERTS, LINEAR, MOE, BlockAdapter, tiny_common
+
+
+def tiny_config(vocab_size: int):
+    """tiny-mixtral: 4 layers, d = 64, 4 experts of width 96, 2 active per token, no sliding window."""
+    from transformers import MixtralConfig
+
+    return MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                         max_position_embeddings=4096, sliding_window=None, **tiny_common(vocab_size))
+
 
 ADAPTER = BlockAdapter(
     model_types=("mixtral",),
@@ -22,4 +32,9 @@ ADAPTER = BlockAdapter(
     residual_at="post_attention_layernorm",
     captures={"router": ("mlp.gate", "output")},
     theorem="Thm 7 (router too) + Thm 11 (MoE)",
+    tiny_model="tiny-mixtral",
+    tiny_config=tiny_config,
+    # one expert at a time (MixtralExperts' own loop): the MoE rule computes each active expert's hidden
+    # state the same way, and the grouped-GEMM kernel has no float64
+    load_kwargs={"experts_implementation": "eager"},
 )
