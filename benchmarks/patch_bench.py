@@ -59,10 +59,10 @@ def measure(mode: str, model_name: str, dtype_name: str, tokens: int, variant: s
         torch.set_num_threads(threads)
 
     from experiments.core.runtime import resolve_dtype
-    from experiments.goldwaser.gemma_models import encode_prompt
-    from experiments.goldwaser.patch_models import load_model
     from experiments.patching.generate import compare_generation, patched_generate
     from experiments.patching.patcher import Patcher
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.prompts import encode_prompt
 
     bundle = load_model(model_name, resolve_dtype(dtype_name), "cpu", seed=0)
     inputs = encode_prompt(bundle, PROMPT)

@@ -265,7 +265,7 @@ def _check_model_name(cfg: DictConfig) -> None:
     model = cfg.get("model")
     if not isinstance(model, str) or "/" in model or Path(model).expanduser().exists():
         return
-    from experiments.goldwaser.patch_models import OFFLINE_MODELS
+    from experiments.zoo.loading import OFFLINE_MODELS
 
     if model in OFFLINE_MODELS:
         return

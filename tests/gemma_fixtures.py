@@ -6,18 +6,20 @@ from functools import cache
 
 import torch
 
-from experiments.goldwaser.gemma_models import GemmaBundle, encode_prompt, load_gemma
+from experiments.zoo.bundle import ModelBundle
+from experiments.zoo.loading import load_model
+from experiments.zoo.prompts import encode_prompt
 
 PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
 
 
 @cache
-def tiny(dtype: torch.dtype = torch.float32, name: str = "tiny-gemma3", seed: int = 0) -> GemmaBundle:
+def tiny(dtype: torch.dtype = torch.float32, name: str = "tiny-gemma3", seed: int = 0) -> ModelBundle:
     """Cached: tests must not modify its weights (one of them checks that patching doesn't)."""
-    return load_gemma(name, dtype, "cpu", seed=seed)
+    return load_model(name, dtype, "cpu", seed=seed)
 
 
-def prompt_inputs(bundle: GemmaBundle, prompt: str = PROMPT) -> dict[str, torch.Tensor]:
+def prompt_inputs(bundle: ModelBundle, prompt: str = PROMPT) -> dict[str, torch.Tensor]:
     return encode_prompt(bundle, prompt, None, True, "cpu")
 
 

@@ -22,35 +22,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 
 REF = "Goldwaser §6 (extension): one fixed patch"
-PERTURB = 1.01  # the perturbed fit: every fitted change ×1.01
 ROUNDING = {"float32": 1e-4, "float64": 1e-9}  # relative logit L∞ that counts as exact
 BF16_FITTED_TOP1 = 0.9  # bfloat16: top-1 agreement at the fitted positions that counts as reproduced
 
 
 # -- config ---------------------------------------------------------------------------------------
-def sweep_ks(cfg: DictConfig) -> list[int]:
-    """The k of the checkpoint and the sweep's, sorted, each once."""
-    sweep = cfg.get("sweep") or []
-    if not isinstance(sweep, (list, ListConfig)) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                            for v in sweep):
-        raise UserError(f"sweep={sweep} must be a list of integers like [1,4,16]")
-    return sorted({int(cfg.k), *(int(v) for v in sweep)})
-
-
 def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists: the model, its architecture, k against its rank."""
     from experiments.core.runtime import resolve_device, resolve_dtype
+    from experiments.goldwaser.context_compile_measure import sweep_ks
     from experiments.goldwaser.patch_match import prompt_list
-    from experiments.goldwaser.patch_models import check_model
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import rank_limit
+    from experiments.zoo.loading import check_model
 
     if not str(cfg.model).strip():
         raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-llama")
@@ -78,25 +69,19 @@ def validate(cfg: DictConfig) -> None:
 
 def _stops(cfg: DictConfig, bundle) -> set[int]:
     """End of reply tokens; `auto`: only for trained models (a random one has no notion of a reply's end)."""
-    from experiments.goldwaser.gemma_models import stop_token_ids
+    from experiments.zoo.prompts import stop_token_ids
 
     value = str(cfg.stop_at_eos).lower()
     stop = (not bundle.is_random) if value == "auto" else value == "true"
     return stop_token_ids(bundle) if stop else set()
 
 
-def start_token(tokenizer, prompt_ids) -> int:
-    """What the compiled model is fed instead of the prompt: BOS, or (no BOS) the prompt's last token."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    return int(bos) if bos is not None else int(prompt_ids[0, -1])
-
-
 # -- the run --------------------------------------------------------------------------------------
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.goldwaser.context_compile_measure import compile_prompt
-    from experiments.goldwaser.gemma_models import threads_for
     from experiments.goldwaser.patch_match import prompt_list
-    from experiments.goldwaser.patch_models import load_model
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.threads import threads_for
 
     validate(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
@@ -112,6 +97,7 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
     """Claims that can fail, each from two independent computations (the with-context forward against a
     stock forward of the patched weights without context)."""
     from experiments.core.runtime import dtype_name
+    from experiments.goldwaser.context_compile_measure import PERTURB, sweep_ks
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import EXACT_RULES
 

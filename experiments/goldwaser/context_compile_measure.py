@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torch import Tensor
 
 from experiments.core.errors import UserError
@@ -19,6 +19,22 @@ from experiments.core.results import RunContext
 log = logging.getLogger(__name__)
 COMPILED_FILE = "compiled.json"  # beside the checkpoint: prompt, k, start token, measured agreement
 REPLIES_FILE = "replies.json"
+PERTURB = 1.01  # the perturbed fit: every fitted change ×1.01
+
+
+def sweep_ks(cfg: DictConfig) -> list[int]:
+    """The k of the checkpoint and the sweep's, sorted, each once."""
+    sweep = cfg.get("sweep") or []
+    if not isinstance(sweep, (list, ListConfig)) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                            for v in sweep):
+        raise UserError(f"sweep={sweep} must be a list of integers like [1,4,16]")
+    return sorted({int(cfg.k), *(int(v) for v in sweep)})
+
+
+def start_token(tokenizer, prompt_ids) -> int:
+    """What the compiled model is fed instead of the prompt: BOS, or (no BOS) the prompt's last token."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return int(bos) if bos is not None else int(prompt_ids[0, -1])
 
 
 def reply_with_context(model, inputs: dict, max_new: int, stop_ids: set[int],
@@ -67,11 +83,10 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
                    save_to: Path | None) -> None:
     from experiments.core.atomic import write_json_atomic
     from experiments.core.runtime import dtype_name
-    from experiments.goldwaser.context_compile import PERTURB, start_token, sweep_ks
-    from experiments.goldwaser.gemma_models import encode_prompt
     from experiments.goldwaser.patch_match import check_context_length
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import capture_targets, fit_fixed_patch, layer_outputs
+    from experiments.zoo.prompts import encode_prompt
 
     model, tok = bundle.model, bundle.tokenizer
     adapter = adapter_for(model.config.model_type)
@@ -146,8 +161,9 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
     from transformers import AutoModelForCausalLM
 
     from experiments.core.atomic import save_pretrained, write_json_atomic
-    from experiments.goldwaser.patch_models import implementation_kwargs, quiet_transformers
     from experiments.patching.generate import logit_comparison
+    from experiments.zoo.loading import implementation_kwargs
+    from experiments.zoo.quiet import quiet_transformers
 
     tok, k, G = bundle.tokenizer, int(cfg.k), len(reply)
     with quiet_transformers():  # no "Writing model shards" bar

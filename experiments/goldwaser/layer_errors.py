@@ -55,8 +55,8 @@ def _names(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> list[str]:
 def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists, the model's architecture and variants included."""
     from experiments.core.runtime import resolve_device, resolve_dtype
-    from experiments.goldwaser.patch_models import check_model
     from experiments.patching.arch import adapter_for, check_variant
+    from experiments.zoo.loading import check_model
 
     dtypes = _names(cfg, "dtypes", DTYPES)
     variants = _names(cfg, "variants", VARIANTS)
@@ -81,8 +81,9 @@ def validate(cfg: DictConfig) -> None:
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     """Per dtype (the model loaded in it), per variant, per prompt and token: `measure_prompt`."""
     from experiments.core.runtime import resolve_dtype
-    from experiments.goldwaser.gemma_models import encode_prompt, threads_for
-    from experiments.goldwaser.patch_models import load_model
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.prompts import encode_prompt
+    from experiments.zoo.threads import threads_for
 
     validate(cfg)
     dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", VARIANTS)

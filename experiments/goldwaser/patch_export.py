@@ -39,10 +39,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from transformers.utils import logging as hf_logging
 
     from experiments.core.runtime import dtype_name
-    from experiments.goldwaser.gemma_models import threads_for
-    from experiments.goldwaser.patch_models import implementation_kwargs, load_model, quiet_transformers
     from experiments.patching.export import export_patched
     from experiments.patching.generate import logit_comparison
+    from experiments.zoo.loading import implementation_kwargs, load_model
+    from experiments.zoo.quiet import quiet_transformers
+    from experiments.zoo.threads import threads_for
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
     validate(cfg)

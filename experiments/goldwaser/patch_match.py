@@ -81,8 +81,8 @@ def validate_model(cfg: DictConfig) -> None:
     """The model, before any run folder: its config can be had, its architecture has an adapter, the
     variant applies, it fits in memory, an image comes with a vision model."""
     from experiments.core.runtime import resolve_device, resolve_dtype
-    from experiments.goldwaser.patch_models import check_model
     from experiments.patching.arch import adapter_for, check_variant
+    from experiments.zoo.loading import check_model
 
     if cfg.variant not in VARIANTS:
         raise UserError(f"variant={cfg.variant!r} is not one of {', '.join(VARIANTS)}")
@@ -99,8 +99,8 @@ def validate_model(cfg: DictConfig) -> None:
 
 # -- the run -------------------------------------------------------------------------------------
 def run(cfg: DictConfig, ctx: RunContext) -> None:
-    from experiments.goldwaser.gemma_models import threads_for
-    from experiments.goldwaser.patch_models import load_model
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.threads import threads_for
 
     validate(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
@@ -114,9 +114,10 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
     """Every prompt: generate with the context and compare with the patched model at every token."""
     import torch
 
-    from experiments.goldwaser.gemma_models import encode_prompt, load_image, stop_token_ids
     from experiments.patching.generate import compare_generation, coupled_sampler, greedy
     from experiments.patching.patcher import Patcher
+    from experiments.zoo.prompts import encode_prompt, stop_token_ids
+    from experiments.zoo.vision import load_image
 
     image = load_image(cfg.image, int(cfg.seed)) if cfg.get("image") else None
     if image is not None:
@@ -187,7 +188,7 @@ def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
 
 def weights_origin(model: str) -> str:
     """Where the weights come from, for the console: a failed claim reads differently on random weights."""
-    from experiments.goldwaser.patch_models import OFFLINE_MODELS, REAL_OFFLINE_MODELS
+    from experiments.zoo.loading import OFFLINE_MODELS, REAL_OFFLINE_MODELS
 
     if model in OFFLINE_MODELS:
         return "random weights (offline)"
@@ -206,7 +207,7 @@ def flag_random_weights(ctx: RunContext, model: str) -> None:
     """The goldwaser claims state what the paper measured on a trained Gemma 3: on an offline model with
     random weights a failure describes those weights (e.g. the open loop's amplification), not the paper.
     Said after the claims, with the way to trained weights."""
-    from experiments.goldwaser.patch_models import OFFLINE_MODELS
+    from experiments.zoo.loading import OFFLINE_MODELS
 
     claims = ctx.claims()
     failed = claims.loc[~claims["passed"].astype(bool), "id"].tolist() if len(claims) else []

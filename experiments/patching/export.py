@@ -20,15 +20,16 @@ import torch
 
 from experiments.core.atomic import save_pretrained, write_json_atomic
 from experiments.core.errors import UserError
-from experiments.goldwaser.gemma_models import GemmaBundle, encode_prompt
 from experiments.patching.generate import logit_comparison
 from experiments.patching.patcher import Patcher
+from experiments.zoo.bundle import ModelBundle
+from experiments.zoo.prompts import encode_prompt
 
 PAPER_PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
 
 
 @torch.no_grad()
-def export_patched(bundle: GemmaBundle, prompt: str, out_dir: Path, variant: str = "naive",
+def export_patched(bundle: ModelBundle, prompt: str, out_dir: Path, variant: str = "naive",
                    chat_template: bool = True) -> dict:
     """Write DIR/patched (+ DIR/base for random models) and DIR/inputs.json; return the summary."""
     if bundle.multimodal:

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from experiments.core.atomic import _umask
-from experiments.core.errors import UserError
+from experiments.core.errors import UserError, first_line
 from experiments.data.cache import cache_root
 
 GEMMA_270M = "gemma-3-270m"
@@ -107,18 +107,18 @@ def _check_architecture(gguf: Path, name: str) -> None:
     _import_extra("gguf")
     from transformers import AutoConfig
 
-    from experiments.goldwaser.patch_models import quiet_transformers
-    from experiments.patching.arch import ADAPTERS, supported
+    from experiments.zoo import architectures
+    from experiments.zoo.quiet import quiet_transformers
 
     try:
         with quiet_transformers():
             config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as err:
-        raise UserError(f"model={name!r}: cannot read the GGUF ({_first_line(err)}); a GGUF of one of these "
-                        f"architectures is needed: {supported()}") from None
-    if config.model_type not in ADAPTERS:
+        raise UserError(f"model={name!r}: cannot read the GGUF ({first_line(err)}); a GGUF of one of these "
+                        f"architectures is needed: {architectures.supported()}") from None
+    if not architectures.known(config.model_type):
         raise UserError(f"model={name!r}: a GGUF of architecture {config.model_type!r}, which has no "
-                        f"context-patching adapter; supported: {supported()}")
+                        f"context-patching adapter; supported: {architectures.supported()}")
 
 
 def _convert(gguf: Path, folder: Path, name: str) -> None:
@@ -127,8 +127,8 @@ def _convert(gguf: Path, folder: Path, name: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from experiments.core.atomic import save_pretrained
-    from experiments.goldwaser.gemma_models import CHAT_TEMPLATE
-    from experiments.goldwaser.patch_models import quiet_transformers
+    from experiments.zoo.quiet import quiet_transformers
+    from experiments.zoo.tokenizer import CHAT_TEMPLATE
 
     with _staging(folder, is_dir=True) as tmp:
         try:
@@ -139,7 +139,7 @@ def _convert(gguf: Path, folder: Path, name: str) -> None:
         except UserError:
             raise
         except Exception as err:
-            raise UserError(f"model={name!r}: cannot convert the GGUF: {_first_line(err)}") from None
+            raise UserError(f"model={name!r}: cannot convert the GGUF: {first_line(err)}") from None
         # dequantized on load: a plain float32 model from here on (transformers refuses to save a model
         # that still says it is gguf-quantized)
         model.config.__dict__.pop("quantization_config", None)
@@ -152,7 +152,7 @@ def _convert(gguf: Path, folder: Path, name: str) -> None:
         except OSError:
             raise
         except Exception as err:  # safetensors' own error on a full disk
-            raise OSError(_first_line(err)) from None
+            raise OSError(first_line(err)) from None
 
 
 class _staging:
@@ -197,8 +197,3 @@ class _staging:
 def _cache_error(target: Path, err: OSError) -> UserError:
     return UserError(f"cannot write the model cache {target.parent}: {err.strerror or err}; nothing was cached; "
                      "set ICL_EXP_CACHE=DIR to a writable folder with about 2 GB free")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0][:200]

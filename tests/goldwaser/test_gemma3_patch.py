@@ -30,7 +30,7 @@ pytestmark = pytest.mark.numeric  # rounding-level bounds: CI runs them again un
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny matrices: one thread is ~100x faster than two on the CI machine (see gemma_match.threads_for)."""
+    """Tiny matrices: one thread is ~100x faster than two on the CI machine (see zoo/threads.py)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

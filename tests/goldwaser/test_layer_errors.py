@@ -84,7 +84,7 @@ def test_gain_of_a_linear_map_is_its_norm_along_delta():
 
 @pytest.fixture(scope="module")
 def tiny64():
-    from experiments.goldwaser.patch_models import load_model
+    from experiments.zoo.loading import load_model
 
     return load_model("tiny-gemma3", torch.float64).model
 
@@ -227,10 +227,10 @@ def test_claims_fail_on_broken_metrics(smoke_run, tmp_path):
 def test_real_gemma_float64_closed_loop_exact_and_open_loop_error_grows():
     """One token after a short prompt, float64 end to end: the closed loop is exact at float64 rounding at
     every layer; the open loop's error grows by orders of magnitude from layer to layer on the same weights."""
-    from experiments.goldwaser.gemma_models import encode_prompt
     from experiments.goldwaser.layer_errors_claims import median_growth
-    from experiments.goldwaser.patch_models import load_model
     from experiments.patching.patcher import Patcher
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.prompts import encode_prompt
 
     bundle = load_model("gemma-3-270m", torch.float64)
     ids = encode_prompt(bundle, "Why is the sky blue?")["input_ids"]

@@ -98,7 +98,7 @@ def test_a_local_folder_without_weights_names_what_the_folder_lacks(tmp_path):
     from transformers import LlamaConfig
 
     from experiments.core.errors import UserError
-    from experiments.goldwaser.patch_models import load_model
+    from experiments.zoo.loading import load_model
 
     LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, intermediate_size=32,
                 num_attention_heads=2, num_key_value_heads=2).save_pretrained(tmp_path)

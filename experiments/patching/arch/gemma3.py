@@ -40,6 +40,6 @@ ADAPTER = BlockAdapter(
     stable=True,
     pre_norm_matrix="mlp.down_proj.weight",
     theorem="Thm 7 + Thm 10 (post-norm scale)",
-    tiny_model="tiny-gemma3",  # built by goldwaser/gemma_models (its processor and vision variant live there)
+    tiny_model="tiny-gemma3",  # built by zoo/gemma.py (its processor and vision variant live there)
     tiny_config=tiny_config,
 )

@@ -1,12 +1,14 @@
-"""Models for context patching on any supported architecture (see experiments/patching/arch/).
+"""A model by name, for every experiment and for patching: what `model=` accepts.
 
 `load_model(name, dtype, device, seed)` takes
-- a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have an adapter;
-- an offline random model: the Gemma 3 ones of gemma_models (tiny-gemma3, gemma3-1b-random,
-  tiny-gemma3-vision), every other adapter's tiny model (tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj:
-  4 layers, d = 64, the stock transformers classes, each config beside its adapter in
-  patching/arch/) and llama3.2-1b-random (Llama 3.2 1B's shape) built here, all with the same
-  byte-level tokenizer and chat template.
+- a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have a context-patching
+  adapter (asked through zoo/architectures.py);
+- `gemma-3-270m` or `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
+- an offline random model: the Gemma 3 ones of zoo/gemma.py (tiny-gemma3, gemma3-1b-random,
+  tiny-gemma3-vision), every other adapter's tiny model (tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj,
+  tiny-olmo2: 4 layers, d = 64, the stock transformers classes, each config beside its adapter in
+  patching/arch/, asked through zoo/architectures.py) and llama3.2-1b-random (Llama 3.2 1B's shape)
+  built here, all with the same byte-level tokenizer and chat template (zoo/tokenizer.py).
 
 Before anything is allocated, the model's size is computed on the meta device and compared with the
 memory available: a model that cannot fit fails in one line. A hub id is tried only when the hub is
@@ -18,20 +20,20 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from experiments.core.errors import UserError
-from experiments.goldwaser import gemma_models
-from experiments.goldwaser.gemma_models import GemmaBundle, byte_tokenizer, randomize_
-from experiments.patching.arch import TINY_MODELS
+from experiments.core.errors import UserError, first_line
+from experiments.zoo import architectures, gemma
+from experiments.zoo.bundle import ModelBundle
 from experiments.zoo.float64 import exact_float64_
+from experiments.zoo.quiet import quiet_transformers
+from experiments.zoo.random_weights import randomize_
+from experiments.zoo.tokenizer import byte_tokenizer
 
-ModelBundle = GemmaBundle  # a model with its tokenizer (and processor), whatever the architecture
-GEMMA_OFFLINE = gemma_models.OFFLINE_MODELS
-TINY_ARCHITECTURES = tuple(TINY_MODELS)  # one tiny random model per adapter, named by the adapter
+GEMMA_OFFLINE = gemma.OFFLINE_MODELS
+TINY_ARCHITECTURES = architectures.tiny_models()  # one tiny random model per adapter, named by the adapter
 OFFLINE_MODELS = (*GEMMA_OFFLINE, *(n for n in TINY_ARCHITECTURES if n not in GEMMA_OFFLINE), "llama3.2-1b-random")
 REAL_OFFLINE_MODELS = ("gemma-3-270m",)  # trained weights from the package registry (experiments/zoo/gguf.py)
 FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
@@ -52,9 +54,9 @@ def _fix_hint(where: str) -> str:
 def tiny_config(name: str, vocab_size: int):
     """The transformers config of a tiny random model, from its adapter (patching/arch/): 4 layers,
     d = 64, 4 heads, untied output layer."""
-    if name not in TINY_MODELS:
+    if name not in TINY_ARCHITECTURES:
         raise UserError(f"unknown offline model {name!r}; known: {', '.join(OFFLINE_MODELS)}")
-    return TINY_MODELS[name].tiny_config(vocab_size)
+    return architectures.tiny_config(name, vocab_size)
 
 
 def llama32_1b_config(vocab_size: int = 128256):
@@ -73,11 +75,11 @@ def offline_config(name: str):
     """The config of an offline model (Gemma ones included), without building it."""
     tok_len = len(byte_tokenizer())
     if name == "tiny-gemma3":
-        return gemma_models.tiny_text_config(tok_len)
+        return gemma.tiny_text_config(tok_len)
     if name == "gemma3-1b-random":
-        return gemma_models.gemma3_1b_config()
+        return gemma.gemma3_1b_config()
     if name == "tiny-gemma3-vision":
-        return gemma_models.tiny_vision_config(tok_len)
+        return gemma.tiny_vision_config(tok_len)
     if name == "llama3.2-1b-random":
         return llama32_1b_config()
     return tiny_config(name, tok_len)
@@ -86,7 +88,7 @@ def offline_config(name: str):
 def build_offline(name: str, seed: int):
     """(model, tokenizer, processor) of one of OFFLINE_MODELS, in float32, weights drawn from `seed`."""
     if name in GEMMA_OFFLINE:
-        return gemma_models.build_offline(name, seed)
+        return gemma.build_offline(name, seed)
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -97,10 +99,7 @@ def build_offline(name: str, seed: int):
 
 def implementation_kwargs(config) -> dict:
     """What the architecture's adapter asks of the loader (Mixtral: experts run eagerly, patching/arch/)."""
-    from experiments.patching.arch import ADAPTERS
-
-    adapter = ADAPTERS.get(config.model_type)
-    return dict(adapter.load_kwargs) if adapter else {}
+    return architectures.load_kwargs(config.model_type)
 
 
 # -- memory ------------------------------------------------------------------------------------------
@@ -140,28 +139,6 @@ def check_fits(name: str, config, dtype: torch.dtype, device: torch.device | str
 
 
 # -- loading -----------------------------------------------------------------------------------------
-@contextmanager
-def quiet_transformers():
-    """transformers' and the hub's warnings and progress bars off while loading: the user gets one line, or
-    nothing."""
-    from transformers.utils import logging as hf_logging
-
-    before, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # "Loading weights", "Writing model shards": not ours to show
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(before)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0][:200]
-
-
 @functools.cache
 def hub_reachable(timeout: float = 3.0) -> bool:
     """One TCP connection to the hub (no retries); False when HF_HUB_OFFLINE is set."""
@@ -193,7 +170,7 @@ def resolve_config(name: str):
             config = AutoConfig.from_pretrained(name, local_files_only=local_only)
     except Exception as err:  # OSError (no network / gated / not found), ValueError, HTTP errors...
         why = "the hub is unreachable and it is not in the local cache" if local_only and where == "hub id" \
-            else _first_line(err)
+            else first_line(err)
         raise UserError(f"cannot load model {name!r} ({where}): {why}; {_fix_hint(where)}") from None
     return config, local_only
 
@@ -207,15 +184,13 @@ def local_checkpoint(name: str) -> str:
 
 def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
     """Everything that can be checked before a run folder exists: the config can be had, the
-    architecture has an adapter, the model fits in memory. Returns the config."""
-    from experiments.patching.arch import adapter_for
-
+    architecture has an adapter (zoo/architectures.py), the model fits in memory. Returns the config."""
     name = str(name)
     if name in OFFLINE_MODELS:
         config = offline_config(name)
     else:
         config, _ = resolve_config(local_checkpoint(name))
-    adapter_for(config.model_type)
+    architectures.require(config.model_type)
     check_fits(name, config, dtype, device)
     return config
 
@@ -239,7 +214,7 @@ def _from_pretrained(name: str, dtype: torch.dtype, local_only: bool):
     except UserError:
         raise
     except Exception as err:
-        raise UserError(f"cannot load model {name!r} ({where}): {_first_line(err)}; {_fix_hint(where)}") from None
+        raise UserError(f"cannot load model {name!r} ({where}): {first_line(err)}; {_fix_hint(where)}") from None
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",

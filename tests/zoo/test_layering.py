@@ -1,0 +1,186 @@
+"""The layers below the papers stay below them: read every module's imports (ast, nothing imported)
+and fail on an import that climbs, or on a cycle among experiments.* modules.
+
+Layers, bottom up (experiments/zoo/__init__.py says why): core and data; zoo (models, tokenizers,
+prompts); patching (context -> weights, the architecture adapters); the papers (dherin, goldwaser,
+karbevski, xu_fang). Imports inside functions count too: a lazy import is still a dependency, and the
+cycle gemma_models <-> patch_models that this test was written against was one. The one exception is
+LAZY_WINDOWS: zoo/architectures.py asks the adapters, inside its functions only.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPERS = ("dherin", "goldwaser", "karbevski", "xu_fang")
+# package -> the experiments.* packages its modules may import (itself included)
+ALLOWED = {
+    "zoo": ("core", "data", "zoo"),
+    "patching": ("core", "data", "zoo", "patching"),
+}
+# importer -> what it may import from a layer above, inside a function only (never at import time)
+LAZY_WINDOWS = {"experiments.zoo.architectures": ("experiments.patching.arch",)}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module under experiments/, by dotted name."""
+    return {module_name(p, root): p for p in sorted((root / "experiments").rglob("*.py"))}
+
+
+def imports(path: Path, name: str, known: set[str]) -> dict[str, bool]:
+    """The experiments.* modules `path` imports anywhere in its body (`from pkg import mod` names mod),
+    each with True when one of its imports runs at import time (outside any function)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: dict[str, bool] = {}
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        for target in names:
+            if target == "experiments" or target.startswith("experiments."):
+                found[target] = found.get(target, False) or not in_function
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, dict[str, bool]]:
+    """importer -> {imported: at import time?} over every module under experiments/."""
+    mods = modules(root)
+    known = set(mods)
+    graph = {name: imports(path, name, known) for name, path in mods.items()}
+    for name, targets in graph.items():
+        targets.pop(name, None)
+    return graph
+
+
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    return {name: set(targets) for name, targets in import_graph(root).items()}
+
+
+def upward_imports(edges: dict[str, dict[str, bool]]) -> list[str]:
+    """`importer -> imported` for each import out of its layer (ALLOWED), but a LAZY_WINDOWS import made
+    inside a function."""
+    bad = []
+    for importer, targets in sorted(edges.items()):
+        layer = importer.split(".")[1] if importer.count(".") else ""
+        if layer not in ALLOWED:
+            continue
+        for target, at_import in sorted(targets.items()):
+            package = target.split(".")[1] if target.count(".") else ""
+            window = any(target == w or target.startswith(w + ".") for w in LAZY_WINDOWS.get(importer, ()))
+            if package and package not in ALLOWED[layer] and (at_import or not window):
+                bad.append(f"{importer} -> {target}")
+    return bad
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_zoo_and_patching_import_nothing_above_them():
+    bad = upward_imports(import_graph())
+    assert not bad, "imports that climb out of their layer:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_among_experiments_modules():
+    found = cycles(graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+@pytest.fixture
+def fake_tree(tmp_path: Path):
+    """A throwaway experiments/ package with the given modules' sources."""
+
+    def make(sources: dict[str, str]) -> Path:
+        for rel, text in sources.items():
+            path = tmp_path / "experiments" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for parent in [path.parent, *path.parent.parents]:
+                if parent == tmp_path:
+                    break
+                (parent / "__init__.py").touch()
+            path.write_text(text)
+        return tmp_path
+
+    return make
+
+
+def test_the_checks_can_fail(fake_tree):
+    """The control: a climbing import and a lazy cycle, as on main before the zoo moved, are caught."""
+    root = fake_tree({
+        "zoo/loading.py": "from experiments.core.errors import UserError\n",
+        "patching/export.py": "from experiments.goldwaser.gemma_models import encode_prompt\n",
+        "goldwaser/gemma_models.py": "def load():\n    from experiments.goldwaser.patch_models import load_model\n",
+        "goldwaser/patch_models.py": "from experiments.goldwaser import gemma_models\n",
+        "zoo/gguf.py": "from . import loading\nfrom ..patching.arch import ADAPTERS\n",
+        "patching/arch/__init__.py": "",
+        # the window: allowed inside a function, not at import time, and only to patching.arch
+        "zoo/architectures.py": "def known():\n    from experiments.patching.arch import ADAPTERS\n"
+                                "from experiments.patching import export\n",
+    })
+    edges = import_graph(root)
+    assert upward_imports(edges) == ["experiments.patching.export -> experiments.goldwaser.gemma_models",
+                                     "experiments.zoo.architectures -> experiments.patching.export",
+                                     "experiments.zoo.gguf -> experiments.patching.arch"]
+    assert cycles(graph(root)) == [["experiments.goldwaser.gemma_models", "experiments.goldwaser.patch_models"]]
