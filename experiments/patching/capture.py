@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
-from experiments.patching.arch.base import BlockAdapter
+if TYPE_CHECKING:  # a type only: the adapters' module is above this one
+    from experiments.patching.arch.base import BlockAdapter
 
 
 class StopAtMLP(Exception):

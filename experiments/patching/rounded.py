@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from experiments.patching import lemmas
-from experiments.patching.arch.base import CONV1D, EXPERTS
+from experiments.patching.kinds import CONV1D, EXPERTS
 
 CPU_BLOCK_BYTES = 1 << 21  # a row block in the compute dtype: stays in cache between its two uses
 GPU_BLOCK_BYTES = 1 << 28  # one block for a 1B model's matrices; bounds the float32 copy of a bf16 one

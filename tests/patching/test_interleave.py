@@ -11,11 +11,11 @@ import threading
 import pytest
 import torch
 
-from experiments.goldwaser.gemma_models import encode_prompt
-from experiments.goldwaser.patch_models import TINY_ARCHITECTURES, load_model
 from experiments.patching.generate import _prefill_context
 from experiments.patching.interleave import LayerRelay, interleaved_step
 from experiments.patching.patcher import Patcher
+from experiments.zoo.loading import TINY_ARCHITECTURES, load_model
+from experiments.zoo.prompts import encode_prompt
 
 PROMPT = "Write a haiku about the first snow of winter."
 

@@ -43,6 +43,8 @@ def imports(path: Path, name: str, known: set[str]) -> dict[str, bool]:
     found: dict[str, bool] = {}
 
     def visit(node: ast.AST, in_function: bool) -> None:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            return  # imports for type hints only never run: not a dependency
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]

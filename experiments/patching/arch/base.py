@@ -22,16 +22,8 @@ from typing import Any
 
 from torch import nn
 
-# Layouts of an input matrix W that reads z:
-LINEAR = "linear"  # nn.Linear weight (out, in): y = W z
-CONV1D = "conv1d"  # GPT-2's Conv1D weight (in, out): y = z W, so the effective matrix is Wᵀ
-EXPERTS = "experts"  # an MoE's stacked expert weights (E, out, in): y_e = W_e z
-
-# Output rules (Table 1):
-OUTER_BIAS = "outer_bias"  # Thm 8: Δb = r
-OUTER_WEIGHT = "outer_weight"  # Thm 9: ΔW′ = r yᵀ / ‖y‖², y = the input of the outer matrix
-SCALE = "scale"  # Thm 10: Δm = r ⊘ h, h = the normalized output before the scale
-MOE = "moe"  # Thm 11: each active expert's outer matrix adds r / S
+# the layouts and rule names, re-exported: an adapter imports them from here
+from experiments.patching.kinds import CONV1D, EXPERTS, LINEAR, MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE  # noqa: F401
 
 
 @dataclass(frozen=True)

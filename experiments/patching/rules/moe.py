@@ -12,8 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from experiments.patching import lemmas
-from experiments.patching.arch.base import EXPERTS, MOE
 from experiments.patching.capture import last_position
+from experiments.patching.kinds import EXPERTS, MOE
 from experiments.patching.lemmas_ls import moe_features, moe_ls
 from experiments.patching.rules.base import OutputRule
 

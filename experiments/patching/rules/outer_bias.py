@@ -4,7 +4,7 @@ GPT-J's fc_out), so Δb = r moves the output by r whatever the MLP's input was."
 from __future__ import annotations
 
 from experiments.patching import lemmas
-from experiments.patching.arch.base import OUTER_BIAS
+from experiments.patching.kinds import OUTER_BIAS
 from experiments.patching.lemmas_ls import outer_bias_ls
 from experiments.patching.rules.base import OutputRule
 

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from experiments.patching import lemmas
-from experiments.patching.arch.base import OUTER_WEIGHT
 from experiments.patching.capture import last_position
+from experiments.patching.kinds import OUTER_WEIGHT
 from experiments.patching.lemmas_ls import outer_weight_ls
 from experiments.patching.rounded import add_outer_rounded, add_rank1_by_rows
 from experiments.patching.rules.base import OutputRule, as_rows, module_input

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from experiments.patching import lemmas
-from experiments.patching.arch.base import SCALE
 from experiments.patching.capture import last_position
+from experiments.patching.kinds import SCALE
 from experiments.patching.lemmas_ls import scale_ls
 from experiments.patching.rounded import compute_dtype
 from experiments.patching.rules.base import OutputRule, as_rows, module_input

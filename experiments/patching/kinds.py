@@ -1,0 +1,16 @@
+"""The names Table 1 is written in: how an input matrix stores W, and which output rule a block uses.
+
+Plain constants in a module of their own, so that the adapters (arch/), the rules (rules/) and the rounded
+updates (rounded.py) can all name them without importing one another.
+"""
+
+# Layouts of an input matrix W that reads z:
+LINEAR = "linear"  # nn.Linear weight (out, in): y = W z
+CONV1D = "conv1d"  # GPT-2's Conv1D weight (in, out): y = z W, so the effective matrix is Wᵀ
+EXPERTS = "experts"  # an MoE's stacked expert weights (E, out, in): y_e = W_e z
+
+# Output rules (Table 1):
+OUTER_BIAS = "outer_bias"  # Thm 8: Δb = r
+OUTER_WEIGHT = "outer_weight"  # Thm 9: ΔW′ = r yᵀ / ‖y‖², y = the input of the outer matrix
+SCALE = "scale"  # Thm 10: Δm = r ⊘ h, h = the normalized output before the scale
+MOE = "moe"  # Thm 11: each active expert's outer matrix adds r / S
