@@ -47,15 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from experiments.patching.arch.base import CONV1D, EXPERTS, BlockAdapter
-from experiments.patching.lemmas_ls import (  # noqa: F401  (the lemmas' names stay importable from here)
-    input_update_ls,
-    moe_features,
-    moe_ls,
-    outer_bias_ls,
-    outer_weight_ls,
-    relative_residual,
-    scale_ls,
-)
+from experiments.patching.lemmas_ls import input_update_ls, relative_residual
 from experiments.patching.rules import RULES
 from experiments.patching.rules.base import as_rows as _rows
 from experiments.patching.rules.base import module_input as _hidden
@@ -259,5 +251,4 @@ def rank_limit(config, adapter: BlockAdapter) -> int:
 
 
 __all__ = ["EXACT_RULES", "EXPERTS", "FixedPatch", "LayerFit", "Targets", "capture_targets", "fit_fixed_patch",
-           "input_update_ls", "layer_outputs", "moe_features", "moe_ls", "outer_bias_ls", "outer_weight_ls",
-           "rank_limit", "relative_residual", "scale_ls"]
+           "layer_outputs", "rank_limit"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from experiments.patching import lemmas
-from experiments.patching.fixed_patch import (
+from experiments.patching.lemmas_ls import (
     input_update_ls,
     moe_features,
     moe_ls,
