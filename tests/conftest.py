@@ -63,7 +63,7 @@ def icl():
 
 @pytest.fixture
 def one_thread():
-    """Tiny matrices: one thread is ~100x faster than two on the CI machine (see gemma_match.threads_for).
+    """Tiny matrices: one thread is ~100x faster than two on the CI machine (see threads_for).
     A module takes it with `pytest.mark.usefixtures("one_thread")`."""
     import torch
 
