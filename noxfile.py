@@ -193,7 +193,7 @@ def report_browser(session: nox.Session) -> None:
     out = Path(session.create_tmp()) / "report_browser"
     env.run("icl-exp", "reproduce", "preset=smoke", "--only", "linreg_icl,factorization", "--results",
             str(out / "results"), *session.posargs)
-    env.run("python", "-c", "import sys; from experiments.core.report import screenshot_html as s; "
+    env.run("python", "-c", "import sys; from tests.core.browser import screenshot_html as s; "
             "print(s(sys.argv[1], sys.argv[2]))", str(out / "results" / "report.html"), str(out / "report.png"))
     session.log(f"look at {out / 'report.png'} (and open {out / 'results' / 'report.html'})")
 

@@ -1,4 +1,4 @@
-"""`icl-exp report [RESULTS_DIR]`: one report of every claim, grouped by paper (experiments/core/report.py)."""
+"""`icl-exp report [RESULTS_DIR]`: one report of every claim, grouped by paper (experiments/core/report/)."""
 
 from __future__ import annotations
 
@@ -23,14 +23,10 @@ def report(
 
     from cli.main import fail
     from experiments.core.figures import no_such_folder
-    from experiments.core.report import (
-        build_report,
-        paper_groups,
-        runs_line,
-        summary_line,
-        update_readme,
-        write_report,
-    )
+    from experiments.core.report.collect import build_report
+    from experiments.core.report.readme import update_readme
+    from experiments.core.report.text import paper_groups, runs_line, summary_line
+    from experiments.core.report.write import write_report
 
     if not results_dir.exists():
         fail(str(no_such_folder(results_dir, "give the folder your runs are in; default: results")))

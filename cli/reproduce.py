@@ -62,7 +62,9 @@ def reproduce(
 
     from cli.main import fail, unique_stamp
     from experiments.core import registry
-    from experiments.core.report import build_report, paper_groups, summary_line, write_report
+    from experiments.core.report.collect import build_report
+    from experiments.core.report.text import paper_groups, summary_line
+    from experiments.core.report.write import write_report
 
     known = [e.name for e in registry.all_experiments()]
     names = known

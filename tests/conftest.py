@@ -59,3 +59,29 @@ def run_cli(*args: str, cwd: Path = REPO_ROOT, timeout: float = 600) -> subproce
 @pytest.fixture
 def icl():
     return run_cli
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread is ~100x faster than two on the CI machine (see zoo/threads.py).
+    A module takes it with `pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def smoke_runs(tmp_path_factory):
+    """The session's smoke runs, one per experiment (tests/smoke_runs.py)."""
+    from tests.smoke_runs import SmokeRuns
+
+    return SmokeRuns(tmp_path_factory.mktemp("smoke_runs"))
+
+
+@pytest.fixture(scope="module")
+def smoke_run(request, smoke_runs) -> Path:
+    """The shared smoke run of the experiment a test module names in its EXPERIMENT constant."""
+    return smoke_runs(request.module.EXPERIMENT)

@@ -1,5 +1,6 @@
 """Run an experiment in this process on a composed config, so a test can hand it a broken input
-(a monkeypatched function) and read the claims it then records."""
+(a monkeypatched function) and read the claims it then records; and see, without a subprocess, what
+the command line says when it refuses a value."""
 
 from __future__ import annotations
 
@@ -27,3 +28,18 @@ def run_claims(name: str, run_dir: Path, *overrides: str, preset: str = "smoke")
     cfg = compose(name, *overrides, preset=preset)
     ctx = run(name, cfg, Path(run_dir), "in-process", list(overrides), preset=preset)
     return ctx.claims().set_index("id")
+
+
+def refusal(name: str, run_dir: Path, *overrides: str) -> str:
+    """The one-line error of `icl-exp run NAME preset=smoke OVERRIDES` for a value it refuses, whitespace
+    folded; asserted on the way: exit status 2, an `error:` line, and no run folder left behind."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["run", name, "preset=smoke", *overrides, f"hydra.run.dir={run_dir}"])
+    assert result.exit_code == 2
+    text = " ".join(result.stderr.split())
+    assert text.startswith("error:"), result.stderr
+    assert not run_dir.exists()
+    return text

@@ -115,3 +115,18 @@ def mean_sem(frame: pd.DataFrame, by: str | list[str], value: str = "value") -> 
     out = g.agg(["mean", "std", "count"]).reset_index()
     out["sem"] = (out["std"] / out["count"].clip(lower=1) ** 0.5).fillna(0.0)
     return out
+
+
+def mean_band(ax, agg: pd.DataFrame, x: str, *, half="sem", scale: float = 1.0, band: bool = True,
+              band_alpha: float = 0.2, **line):
+    """Draw agg["mean"] against agg[x] (matplotlib `line` keywords) and shade mean ± scale·half around it.
+
+    The one place the error band is drawn, so that every figure's band means what its caption says and
+    looks alike: the curve's colour, translucent, no edge. `half` is a column of `agg` (the s.e.m. from
+    mean_sem by default; "std" for a spread) or values aligned with its rows; `band=False` draws the
+    curve alone (a control that needs no band)."""
+    ax.plot(agg[x], agg["mean"], **line)
+    if band:
+        width = scale * (agg[half] if isinstance(half, str) else half)
+        ax.fill_between(agg[x], agg["mean"] - width, agg["mean"] + width, color=line.get("color"),
+                        alpha=band_alpha, lw=0)

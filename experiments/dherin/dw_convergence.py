@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
-from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
+from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
@@ -190,10 +190,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
                     if name.endswith("fro"):
                         kw.pop("ls", None)
                         kw.update(ms=2.5, alpha=0.6)
-                    ax.plot(agg["context_length"], agg["mean"], **kw)
-                    if name.endswith("op2"):
-                        ax.fill_between(agg["context_length"], agg["mean"] - agg["sem"], agg["mean"] + agg["sem"],
-                                        color=style["color"], alpha=0.25, lw=0)
+                    mean_band(ax, agg, "context_length", band=name.endswith("op2"), band_alpha=0.25, **kw)
             fit = sub[(sub["metric"] == "decay_fit_slope") & (sub["variant"] == variant)]
             if not fit.empty:
                 c = sub[(sub["metric"] == "decay_fit_log_c") & (sub["variant"] == variant)]["value"].mean()

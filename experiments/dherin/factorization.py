@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from experiments.core.errors import UserError
-from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
+from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
@@ -179,10 +179,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
                 continue
             agg = mean_sem(rows, "tokens_consumed")
             norm = "2-norm" if name.endswith("op2") else "Frobenius"
-            axes[0][2].plot(agg["tokens_consumed"], agg["mean"], color=f"C{di}", lw=1.2, label=f"{norm} [{dt}]",
-                            **style)
-            axes[0][2].fill_between(agg["tokens_consumed"], agg["mean"] - agg["sem"], agg["mean"] + agg["sem"],
-                                    color=f"C{di}", alpha=0.2, lw=0)
+            mean_band(axes[0][2], agg, "tokens_consumed", color=f"C{di}", lw=1.2, label=f"{norm} [{dt}]", **style)
     axes[0][0].set(yscale="log", xlabel="tokens consumed i", ylabel="max abs difference",
                    title="Eq 28: output kept at every step")
     axes[0][1].set(yscale="log", xlabel="tokens consumed i", ylabel="max abs difference",

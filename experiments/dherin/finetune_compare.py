@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from experiments.core.errors import UserError
-from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
+from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
@@ -269,9 +269,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 def _band(ax, agg: pd.DataFrame, label: str, **style) -> None:
-    ax.plot(agg["context_length"], agg["mean"], label=label, lw=1.3, **style)
-    ax.fill_between(agg["context_length"], agg["mean"] - agg["sem"], agg["mean"] + agg["sem"],
-                    color=style.get("color"), alpha=0.2, lw=0)
+    mean_band(ax, agg, "context_length", label=label, lw=1.3, **style)
 
 
 def validate(cfg: DictConfig) -> None:

@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.core.errors import UserError
-from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
+from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
@@ -183,11 +183,9 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
             color = style["color"] if ci == 0 else f"C{ci + 3}"
             trained = variant == "trained"
             label = style["label"] + ("" if trained else " (control: untrained)") + suffix
-            ax_dw.plot(agg["context_length"], agg["mean"], color=color, ls=style.get("ls", "-") if trained else ":",
-                       lw=1.2 if trained else 0.9, alpha=1.0 if trained else 0.7, label=label)
-            if trained:
-                ax_dw.fill_between(agg["context_length"], agg["mean"] - agg["sem"], agg["mean"] + agg["sem"],
-                                   color=color, alpha=0.25, lw=0)
+            mean_band(ax_dw, agg, "context_length", band=trained, band_alpha=0.25, color=color,
+                      ls=style.get("ls", "-") if trained else ":", lw=1.2 if trained else 0.9,
+                      alpha=1.0 if trained else 0.7, label=label)
     ax_dw.set(yscale="log", xlabel="context length i", ylabel=r"$\|(\Delta W)_{i+1} - (\Delta W)_i\|_2$",
               title="ΔW increments (mean ± s.e. over tasks)")
     if not inc.empty:

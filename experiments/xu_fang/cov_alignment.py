@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
-from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
+from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
@@ -129,8 +129,7 @@ def _band(ax, frame: pd.DataFrame, label: str, color: str, ls: str, x: str = "to
     """Mean ± std over draws; returns the band's lowest point (the y-limits must not clip it)."""
     agg = mean_sem(frame, x)
     std = agg["std"].fillna(0.0)
-    ax.plot(agg[x], agg["mean"], color=color, ls=ls, lw=1.3, label=label)
-    ax.fill_between(agg[x], agg["mean"] - std, agg["mean"] + std, color=color, alpha=0.18, lw=0)
+    mean_band(ax, agg, x, half=std, band_alpha=0.18, color=color, ls=ls, lw=1.3, label=label)
     low = (agg["mean"] - std).min()
     return float(low) if np.isfinite(low) else 0.0
 

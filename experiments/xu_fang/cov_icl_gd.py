@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
-from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
+from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
@@ -197,8 +197,7 @@ def _curve(ax, metrics: pd.DataFrame, name: str, label: str, color: str, ls: str
     agg = mean_sem(frame, "n_demos")  # several runs: mean over them; one run: the task mean itself
     sem = metric(metrics, name + "_sem")
     band = sem.groupby("n_demos")["value"].mean().reindex(agg["n_demos"]).to_numpy() if not sem.empty else 0
-    ax.plot(agg["n_demos"], agg["mean"], color=color, ls=ls, lw=1.4, label=label)
-    ax.fill_between(agg["n_demos"], agg["mean"] - 2 * band, agg["mean"] + 2 * band, color=color, alpha=0.2, lw=0)
+    mean_band(ax, agg, "n_demos", half=band, scale=2, color=color, ls=ls, lw=1.4, label=label)
 
 
 def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:

@@ -12,20 +12,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from experiments.core.report import (  # noqa: E402
-    README_BEGIN,
-    README_END,
-    build_report,
-    find_browser,
-    readme_tables,
-    render_html,
-    render_markdown,
-    screenshot_html,
-    update_readme,
-    write_report,
-)
+from experiments.core.report.collect import build_report  # noqa: E402
+from experiments.core.report.markdown import render_markdown  # noqa: E402
+from experiments.core.report.page import render_html  # noqa: E402
+from experiments.core.report.readme import README_BEGIN, README_END, readme_tables, update_readme  # noqa: E402
+from experiments.core.report.write import write_report  # noqa: E402
 from experiments.core.results import CHECK_COLUMNS  # noqa: E402  (claims.csv as written before `measure`)
 from tests.conftest import run_cli  # noqa: E402
+from tests.core.browser import find_browser, screenshot_html  # noqa: E402
 
 
 def claim(id, measured, passed, comparison="<=", tolerance=1.0, paper_value=None):

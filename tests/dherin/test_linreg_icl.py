@@ -1,40 +1,24 @@
-"""linreg_icl end to end through the CLI at preset=smoke, asserting on the run folder contract."""
+"""linreg_icl end to end through the CLI at preset=smoke, asserting on its CSVs (the run folder contract:
+tests/core/test_run_folder_contract.py)."""
 
 import json
-import shutil
 
 import pandas as pd
 import pytest
 import yaml
 
 from experiments.core.results import CLAIM_COLUMNS
-from tests.dherin.figure_checks import assert_drawn
 
 FIGURE = "fig2_linreg_icl"
+EXPERIMENT = "linreg_icl"  # the shared smoke run, with seed=3 (tests/smoke_runs.py)
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    from tests.conftest import run_cli
-
-    run_dir = tmp_path_factory.mktemp("linreg") / "run"
-    proc = run_cli("run", "linreg_icl", "preset=smoke", "seed=3", f"hydra.run.dir={run_dir}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir
-
-
-def test_run_folder_follows_the_contract(smoke_run):
-    for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf",
-                 ".hydra/config.yaml", ".hydra/overrides.yaml"):
-        assert (smoke_run / name).is_file(), name
-    assert_drawn(smoke_run / "figures" / f"{FIGURE}.png")
+def test_the_run_records_its_seed_and_the_smoke_preset(smoke_run):
+    """What run.json and .hydra/ say of this run's choices (the contract test checks the rest of the folder)."""
+    assert (smoke_run / "figures" / f"{FIGURE}.png").is_file()
     record = json.loads((smoke_run / "run.json").read_text())
-    assert record["status"] == "complete"
     assert record["seed"] == 3 and record["dtype"] == "float32" and record["device"] == "cpu"
-    assert record["preset"] == "smoke"
     assert "seed=3" in record["overrides"]
-    assert record["git"].keys() == {"commit", "dirty"}
-    assert record["packages"]["torch"] and record["wall_time_s"] > 0
     cfg = yaml.safe_load((smoke_run / ".hydra/config.yaml").read_text())
     assert cfg["train"]["steps"] == 30 and cfg["task"]["n_examples"] == 20  # the smoke preset applied
 
@@ -74,17 +58,6 @@ def test_claims_are_measured(smoke_run):
     # 30 steps do not teach the task: the claim says so rather than pretending
     learned = c.set_index("id").loc["dherin.sec4_1.model_learned"]
     assert not learned.passed and learned.measured > 0.1
-
-
-def test_plot_rerenders_from_csvs_alone(smoke_run, tmp_path, icl):
-    copy = tmp_path / "copy"
-    shutil.copytree(smoke_run, copy)
-    shutil.rmtree(copy / "figures")
-    (copy / "model.pt").unlink()  # nothing but the CSVs and run.json is needed
-    proc = icl("plot", str(copy))
-    assert proc.returncode == 0, proc.stderr
-    for ext in ("png", "pdf"):
-        assert (copy / "figures" / f"{FIGURE}.{ext}").stat().st_size > 1000
 
 
 def test_mlp_skip_and_float64(icl, tmp_path):

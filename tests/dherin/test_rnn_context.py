@@ -1,7 +1,5 @@
 """rnn_context: the RNN block on random tensors, then end to end through the CLI at preset=smoke."""
 
-import json
-import shutil
 
 import pandas as pd
 import pytest
@@ -13,9 +11,10 @@ from experiments.dherin.dynamics import prefix_patches
 from experiments.dherin.models.linreg import predict
 from experiments.dherin.models.rnn import rnn_block
 from experiments.dherin.patched_forward import forward_with, patched_params, predictions_three_ways, supports_vmap
-from tests.dherin.figure_checks import assert_drawn
+from tests.in_process import refusal
 
 FIGURE = "fig6_rnn_context"
+EXPERIMENT = "rnn_context"  # the shared smoke run (tests/smoke_runs.py)
 SOURCE = "Dherin App. D.1 Fig 6"
 
 
@@ -62,22 +61,9 @@ def test_prefix_patches_reproduce_every_prefix_for_the_rnn():
                                    rtol=0, atol=1e-12)
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    from tests.conftest import run_cli
-
-    run_dir = tmp_path_factory.mktemp("rnn") / "run"
-    proc = run_cli("run", "rnn_context", "preset=smoke", f"hydra.run.dir={run_dir}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir
-
-
-def test_run_folder_follows_the_contract(smoke_run):
-    for name in ("metrics.csv", "claims.csv", "run.json", f"figures/{FIGURE}.png", f"figures/{FIGURE}.pdf"):
-        assert (smoke_run / name).is_file(), name
-    assert_drawn(smoke_run / "figures" / f"{FIGURE}.png")
-    record = json.loads((smoke_run / "run.json").read_text())
-    assert record["status"] == "complete" and record["preset"] == "smoke"
+def test_draws_the_papers_figure(smoke_run):
+    """The paper's figure by name (every figure is checked drawn, with its PDF, by the contract test)."""
+    assert (smoke_run / "figures" / f"{FIGURE}.png").is_file()
 
 
 def test_losses_agree_both_ways_and_the_control_does_not(smoke_run):
@@ -126,15 +112,6 @@ def test_claims_are_measured(smoke_run):
         r["attention", "trained"] / r["attention", "untrained"])
 
 
-def test_plot_rerenders_from_csvs_alone(smoke_run, tmp_path, icl):
-    copy = tmp_path / "copy"
-    shutil.copytree(smoke_run, copy)
-    shutil.rmtree(copy / "figures")
-    proc = icl("plot", str(copy))
-    assert proc.returncode == 0, proc.stderr
-    assert (copy / "figures" / f"{FIGURE}.png").stat().st_size > 1000
-
-
 def test_attention_checkpoint_from_a_linreg_icl_run(icl, tmp_path):
     """attention.checkpoint=PATH loads linreg_icl's saved model instead of training one here."""
     lin = tmp_path / "lin"
@@ -158,13 +135,4 @@ def test_attention_checkpoint_from_a_linreg_icl_run(icl, tmp_path):
     ("dynamics.tail_fraction=0.9", "dynamics.tail_fraction=0.9 must be in (0, 0.5]"),
 ])
 def test_bad_values_are_refused_before_a_run_folder_exists(tmp_path, override, message):
-    from typer.testing import CliRunner
-
-    from cli.main import app
-
-    run_dir = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", "rnn_context", "preset=smoke", override, f"hydra.run.dir={run_dir}"])
-    assert result.exit_code == 2
-    text = " ".join(result.stderr.split())
-    assert text.startswith("error:") and message in text, result.stderr
-    assert not run_dir.exists()
+    assert message in refusal("rnn_context", tmp_path / "run", override)

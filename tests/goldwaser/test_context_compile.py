@@ -16,6 +16,7 @@ from experiments.core.results import RunContext
 from tests.conftest import run_cli
 
 PROMPT = "prompt=Tell me a story about a fox."
+EXPERIMENT = "context_compile"  # the shared smoke run (tests/smoke_runs.py)
 
 
 def _reloaded_agreement(folder, dtype=torch.float32) -> tuple[float, float, list[int]]:
@@ -56,10 +57,8 @@ def test_compile_writes_a_stock_checkpoint_that_reproduces_its_printed_agreement
     assert (out / "figures" / "agreement_vs_position.png").is_file()
 
 
-def test_experiment_smoke_sweep_with_per_token_upper_bound(tmp_path):
-    out = tmp_path / "run"
-    res = run_cli("run", "context_compile", "preset=smoke", f"hydra.run.dir={out}")
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_experiment_smoke_sweep_with_per_token_upper_bound(smoke_run):
+    out = smoke_run
     m = pd.read_csv(out / "metrics.csv")
     per_token = m[(m["method"] == "per_token") & (m["metric"] == "top1_match")]["value"]
     assert len(per_token) == 8 and per_token.min() == 1.0  # Algorithm 1, closed loop, every position

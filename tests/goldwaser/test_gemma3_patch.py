@@ -25,16 +25,8 @@ from experiments.patching.patcher import Patcher
 from experiments.patching.rank1 import rank1_update
 from tests.gemma_fixtures import prompt_inputs, state_snapshot, tiny
 
-pytestmark = pytest.mark.numeric  # rounding-level bounds: CI runs them again under another CPU kernel set
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is ~100x faster than two on the CI machine (see zoo/threads.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# rounding-level bounds: CI runs them again under another CPU kernel set; one thread (tests/conftest.py)
+pytestmark = [pytest.mark.numeric, pytest.mark.usefixtures("one_thread")]
 
 
 def _gen(seed: int) -> torch.Generator:

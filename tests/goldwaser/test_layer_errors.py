@@ -20,14 +20,7 @@ from experiments.goldwaser.layer_gain import gain, layer_calls, one_ulp_sensitiv
 from tests.conftest import run_cli
 
 VARIANTS = ("naive", "closed_loop_scale", "closed_loop")
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("layer_errors") / "run"
-    res = run_cli("run", "layer_errors", "preset=smoke", f"hydra.run.dir={run_dir}")
-    assert res.returncode == 0, res.stderr[-2000:]
-    return run_dir
+EXPERIMENT = "layer_errors"  # the shared smoke run (tests/smoke_runs.py)
 
 
 def test_smoke_run_writes_per_layer_metrics_claims_and_figure(smoke_run):

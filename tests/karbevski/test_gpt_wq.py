@@ -22,11 +22,14 @@ def run(tmp: Path, name: str, *overrides: str):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    """full: 6 steps; stopped: the same run stopped after 3; resumed: stopped continued to 6."""
+def runs(tmp_path_factory, smoke_runs) -> Path:
+    """full: 6 steps, the session's shared smoke run (tests/smoke_runs.py; its data cache shared too);
+    stopped: the same run stopped after 3; resumed: stopped continued to 6."""
     tmp = tmp_path_factory.mktemp("gpt_wq")
+    (tmp / "full").symlink_to(smoke_runs("gpt_wq"), target_is_directory=True)
+    (tmp / "cache").symlink_to(smoke_runs.root / "gpt_wq_cache", target_is_directory=True)
     # the lr schedule's horizon is fixed (decay_steps=6) so the stopped run follows the full run's schedule
-    for name, extra in (("full", ()), ("stopped", ("train.steps=3",)), ("resumed", (f"resume={tmp / 'stopped'}",))):
+    for name, extra in (("stopped", ("train.steps=3",)), ("resumed", (f"resume={tmp / 'stopped'}",))):
         result = run(tmp, name, "train.decay_steps=6", *extra)
         assert result.returncode == 0, result.stderr[-3000:]
     return tmp

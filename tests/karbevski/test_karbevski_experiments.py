@@ -18,29 +18,14 @@ EXPERIMENTS = ("wq_reparam", "attention_scale", "basis_transfer")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("karbevski")
-    out = {}
-    for name in EXPERIMENTS:
-        result = run_cli("run", name, "preset=smoke", f"hydra.run.dir={root / name}")
-        assert result.returncode == 0, result.stderr[-3000:]
-        out[name] = root / name
-    return out
+def runs(smoke_runs) -> dict[str, Path]:
+    """The session's shared smoke runs of the three (tests/smoke_runs.py)."""
+    return {name: smoke_runs(name) for name in EXPERIMENTS}
 
 
 def load(run_dir: Path):
     return (pd.read_csv(run_dir / "metrics.csv"), pd.read_csv(run_dir / "claims.csv").set_index("id"),
             json.loads((run_dir / "run.json").read_text()))
-
-
-@pytest.mark.parametrize("name", EXPERIMENTS)
-def test_run_folder_is_complete_with_ided_claims(runs, name):
-    metrics, claims, record = load(runs[name])
-    assert record["status"] == "complete" and record["claims_total"] == len(claims) > 0
-    assert all(i.startswith("karbevski.") for i in claims.index)
-    for row in claims.itertuples():  # no measured number in a description
-        assert f"{row.measured:.4g}" not in row.description
-    assert list((runs[name] / "figures").glob("*.png"))
 
 
 def test_wq_reparam_exact_statements_and_failing_controls(runs):

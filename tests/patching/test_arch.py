@@ -17,17 +17,10 @@ from experiments.patching.patcher import Patcher
 from experiments.zoo.loading import TINY_ARCHITECTURES, load_model
 from experiments.zoo.prompts import encode_prompt
 
-pytestmark = pytest.mark.numeric  # rounding-level bounds: CI runs them again under another CPU kernel set
+# rounding-level bounds: CI runs them again under another CPU kernel set; one thread (tests/conftest.py)
+pytestmark = [pytest.mark.numeric, pytest.mark.usefixtures("one_thread")]
 
 PROMPT = "Write a haiku about the first snow of winter."
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.cache

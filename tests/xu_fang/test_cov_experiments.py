@@ -1,34 +1,25 @@
 """The four Xu & Fang experiments end to end through the real CLI at preset=smoke, asserting on
-what they write (metrics.csv, claims.csv, run.json, figures). Each experiment runs once per module
-(a fixture), and several tests read its folder."""
+what they write. Each experiment runs once per session (tests/smoke_runs.py), and several tests read its
+folder; what every run folder must hold is checked by tests/core/test_run_folder_contract.py."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.core.results import CLAIM_COLUMNS
 from tests.conftest import run_cli
-from tests.dherin.figure_checks import assert_drawn
 
 EXPERIMENTS = ("cov_alignment", "cov_icl_gd", "cov_rate", "markov_collapse")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("cov")
-    out = {}
-    for name in EXPERIMENTS:
-        run_dir = root / name
-        result = run_cli("run", name, "preset=smoke", f"hydra.run.dir={run_dir}")
-        assert result.returncode == 0, result.stderr[-3000:]
-        out[name] = run_dir
-    return out
+def runs(smoke_runs) -> dict[str, Path]:
+    """The session's shared smoke runs of the four (tests/smoke_runs.py)."""
+    return {name: smoke_runs(name) for name in EXPERIMENTS}
 
 
 def load(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -42,27 +33,6 @@ def values(metrics: pd.DataFrame, name: str, **where) -> pd.DataFrame:
         frame = frame[frame[key] == value]
     assert not frame.empty, f"no rows for {name} {where}"
     return frame
-
-
-@pytest.mark.parametrize("name", EXPERIMENTS)
-def test_run_folder_is_complete(runs, name):
-    metrics, claims, record = load(runs[name])
-    assert record["status"] == "complete" and record["preset"] == "smoke"
-    assert record["claims_total"] == len(claims) > 0
-    assert list(claims.columns) == CLAIM_COLUMNS
-    assert claims["id"].str.startswith("xu_fang.").all() and claims["id"].is_unique
-    assert claims["measured"].map(math.isfinite).all()
-    # passed is what the comparison says of measured, tolerance and paper value (not typed in)
-    by = claims.comparison
-    expected = ((by == "<=") & (claims.measured <= claims.tolerance)) | (
-        (by == ">=") & (claims.measured >= claims.tolerance)) | (
-        (by == "within") & ((claims.measured - claims.paper_value).abs() <= claims.tolerance))
-    assert (expected == claims.passed).all()
-    assert set(metrics["experiment"]) == {name}
-    pngs = sorted(p.name for p in (runs[name] / "figures").glob("*.png"))
-    assert pngs and all((runs[name] / "figures" / p.replace(".png", ".pdf")).is_file() for p in pngs)
-    for png in pngs:
-        assert_drawn(runs[name] / "figures" / png)
 
 
 def test_cov_alignment_cosine_rises_and_beats_its_controls(runs):
@@ -123,15 +93,6 @@ def test_markov_collapse_error_decays(runs):
     assert blind[-1] > 2 * est[-1]
     assert values(metrics, "cov_rel_error")["value"].max() < 0.1
     assert len(claims) == 4
-
-
-def test_replot_from_csvs_alone(runs):
-    run_dir = runs["cov_rate"]
-    figure = run_dir / "figures" / "cov_rate.png"
-    figure.unlink()
-    result = run_cli("plot", str(run_dir))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert figure.is_file()
 
 
 def test_bad_config_is_one_line_and_leaves_no_folder(tmp_path):

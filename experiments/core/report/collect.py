@@ -1,0 +1,148 @@
+"""The claims of the chosen runs, read into one `Report`; bad input is a line under "Problems", not a crash.
+
+An unreadable run.json, a corrupt or truncated claims.csv, or claims from an older version without ids
+each become one line, and the rest is still reported: a report is most needed when something broke.
+A claim that fails in a preset=smoke run is marked as expected there (smoke checks the code, not the
+science) and is not counted by `--strict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.core import registry
+from experiments.core.report.runs import NOT_COMPLETE, SMOKE, Run, find_runs, rel, select_runs
+from experiments.core.results import CHECK_COLUMNS, CLAIM_COLUMNS, CLAIMS_FILE
+
+OTHER = "other"  # the paper group of runs whose experiment is no longer registered
+CLAIMS_SHOWN = ["paper", "experiment", *CLAIM_COLUMNS, "run", "preset", "job", "unit"]
+
+
+@dataclass
+class Report:
+    root: Path
+    claims: pd.DataFrame  # CHECK_COLUMNS + measure, paper, experiment, run, preset, job, unit: one row per job
+    runs: list[Run]  # the runs whose claims are shown
+    failed: list[Run]  # runs not complete (the newest per experiment without a complete one, or all with --all)
+    missing: list[str]  # registered experiments with no run at all
+    problems: list[str] = field(default_factory=list)
+    found: list[Run] = field(default_factory=list)  # every run folder under root, whatever its status
+    reasons: dict[str, str] = field(default_factory=dict)  # experiment -> which run was taken, and why
+
+    @property
+    def shown(self) -> pd.DataFrame:
+        """The claims as shown: one row per claim of each run, a sweep's jobs folded into one (see fold_jobs)."""
+        return fold_jobs(self.claims)
+
+    @property
+    def n_failed_claims(self) -> int:
+        """Failed claims that count (for --strict): not those of preset=smoke runs, which are expected."""
+        rows = self.shown
+        return int((~rows["passed"] & ~rows["expected"]).sum()) if len(rows) else 0
+
+    @property
+    def n_expected_failures(self) -> int:
+        rows = self.shown
+        return int(rows["expected"].sum()) if len(rows) else 0
+
+    def not_complete_counts(self) -> dict[str, int]:
+        """How many of all the runs found are not complete, by status (interrupted, running, failed, ...)."""
+        counts: dict[str, int] = {}
+        for r in self.found:
+            if r.status != "complete":
+                key = r.status if r.status in NOT_COMPLETE else "unknown"
+                counts[key] = counts.get(key, 0) + 1
+        return {k: counts[k] for k in NOT_COMPLETE if k in counts}
+
+
+def fold_jobs(claims: pd.DataFrame) -> pd.DataFrame:
+    """One row per (experiment, run or sweep, claim id): a sweep's jobs folded, measured_min / measured_max
+    over them, passed only if every job passed, `jobs` and `jobs_passed` counted; `expected` marks a
+    failure of a preset=smoke run (expected there, not counted by --strict)."""
+    columns = [*CLAIMS_SHOWN, "measured_min", "measured_max", "jobs", "jobs_passed", "expected"]
+    if claims.empty:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for _, group in claims.groupby(["experiment", "unit", "id"], sort=False):
+        first = group.iloc[0].to_dict()
+        passed = bool(group["passed"].all())
+        first.update(measured_min=group["measured"].min(), measured_max=group["measured"].max(),
+                     jobs=len(group), jobs_passed=int(group["passed"].sum()), passed=passed,
+                     expected=not passed and first["preset"] == SMOKE,
+                     job=",".join(j for j in group["job"] if j))
+        rows.append(first)
+    return pd.DataFrame(rows)[columns]
+
+
+def read_run_claims(run: Run, root: Path, problems: list[str]) -> pd.DataFrame | None:
+    """The run's claims with the contract's columns, or None (with one line in `problems`) when unusable."""
+    path = run.path / CLAIMS_FILE
+    where = rel(run.path, root)
+    if not path.is_file():
+        return None  # an experiment may check no claim; not a problem
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
+        problems.append(f"{where}: claims.csv is corrupt or truncated ({type(err).__name__}); its claims are left out")
+        return None
+    if "id" not in frame.columns and "claim" in frame.columns:
+        problems.append(f"{where}: claims.csv is from an older version without claim ids "
+                        f"({len(frame)} claims left out; re-run the experiment)")
+        return None
+    lacking = [c for c in CHECK_COLUMNS if c not in frame.columns]
+    if lacking:
+        problems.append(f"{where}: claims.csv is corrupt (no {', '.join(lacking)} column); its claims are left out")
+        return None
+    if "measure" not in frame.columns:  # written before claims said what their number is
+        frame["measure"] = ""
+    frame = frame[CLAIM_COLUMNS].copy()
+    frame["measure"] = frame["measure"].fillna("").astype(str)
+    broken = frame["id"].isna() | frame["passed"].isna() | ~frame["passed"].astype(str).isin(["True", "False"])
+    broken |= ~frame["comparison"].isin(["<=", ">=", "within"])
+    if broken.any():
+        problems.append(f"{where}: claims.csv has {int(broken.sum())} truncated or malformed row(s); left out")
+        frame = frame[~broken]
+    frame["passed"] = frame["passed"].astype(str) == "True"
+    for col in ("paper_value", "measured", "tolerance"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    return frame
+
+
+def build_report(root: Path, all_runs: bool = False) -> Report:
+    """Walk `root`, choose the runs (runs.select_runs; every run with `all_runs`) and read their claims."""
+    root = Path(root)
+    problems: list[str] = []
+    runs = find_runs(root, problems) if root.is_dir() else []
+    if not root.is_dir():
+        problems.append(f"{root}: no such folder")
+    elif not runs:
+        problems.append(f"{root}: no run folders (run.json) found")
+    reasons: dict[str, str] = {}
+    chosen, failed = select_runs(runs, all_runs, reasons)
+    frames = []
+    for run in chosen:
+        claims = read_run_claims(run, root, problems)
+        if claims is None or claims.empty:
+            continue
+        claims.insert(0, "experiment", run.experiment)
+        claims.insert(0, "paper", paper_of(run.experiment))
+        claims["run"] = rel(run.path, root)
+        claims["preset"] = run.preset
+        claims["job"] = run.path.name if run.sweep else ""
+        claims["unit"] = rel(run.unit, root)
+        frames.append(claims)
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CLAIMS_SHOWN)
+    seen = {r.experiment for r in runs}
+    missing = [n for n in registry.experiment_names() if n not in seen]
+    return Report(root, table, chosen, failed, missing, problems, found=runs, reasons=reasons)
+
+
+def paper_of(experiment: str) -> str:
+    """The paper package of an experiment, or OTHER for one that is no longer registered."""
+    try:
+        return registry.paper_package(experiment)
+    except Exception:  # an experiment that is no longer registered
+        return OTHER

@@ -1,0 +1,69 @@
+"""report.md: per paper, the runs the numbers come from, a table of claims per experiment, what did not
+run, and links to the figures. Plain Markdown, so it reads in a terminal and renders on GitHub."""
+
+from __future__ import annotations
+
+from experiments.core.report.collect import Report
+from experiments.core.report.runs import rel
+from experiments.core.report.text import (
+    CLAIM_HEADER,
+    claim_cells,
+    figure_files,
+    figures_of,
+    has_content,
+    not_run,
+    paper_groups,
+    run_state,
+    runs_line,
+    runs_of,
+    summary_line,
+)
+
+
+def md_cell(text: str) -> str:
+    """A table cell that cannot break the table: pipes escaped, one line."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def runs_table(report: Report, package: str) -> list[str]:
+    """Markdown rows: which run each paper's numbers come from (preset, device, dtype, wall time, claims)."""
+    runs = runs_of(report, package)
+    if not runs:
+        return []
+    lines = ["| Experiment | Run | Preset | Device | Wall | Claims |", "|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r.experiment, str(r.path))):
+        wall = r.record.get("wall_time_s")
+        claims = f"{r.record.get('claims_passed', '')}/{r.record.get('claims_total', '')}"
+        lines.append(f"| {r.experiment} | {md_cell(rel(r.path, report.root))} | {r.preset} | "
+                     f"{r.record.get('device', '')} {r.record.get('dtype', '')} | "
+                     f"{'' if wall is None else f'{float(wall):.0f} s'} | {claims} |")
+    return lines + [""]
+
+
+def render_markdown(report: Report) -> str:
+    total = report.shown
+    lines = [f"# icl-exp report: {report.root}", "", f"{summary_line(total)} {runs_line(report)}", ""]
+    if report.problems:
+        lines += ["## Problems", ""] + [f"- {p}" for p in report.problems] + [""]
+    for package, title, rows in paper_groups(report):
+        if not has_content(report, package, rows):
+            continue
+        failed, missing = not_run(report, package)
+        lines += [f"## {title} — {summary_line(rows)}", "", *runs_table(report, package)]
+        for name, group in rows.groupby("experiment", sort=True):
+            lines += [f"### {name} ({figures_of(name)})", ""]
+            if name in report.reasons:
+                lines += [f"Shown: {report.reasons[name]}.", ""]
+            lines += ["| " + " | ".join(CLAIM_HEADER) + " |", "|" + "---|" * len(CLAIM_HEADER)]
+            lines += ["| " + " | ".join(md_cell(c) for c in claim_cells(r)) + " |" for _, r in group.iterrows()]
+            lines += ["", *[f"- `{r['id']}`: {r['description']}" for _, r in group.iterrows()], ""]
+        for r in failed:
+            lines.append(f"- **not complete**: {r.experiment} — {rel(r.path, report.root)}: {run_state(r)}")
+        for name in missing:
+            lines.append(f"- **missing**: {name} has no run under {report.root}")
+        figures = figure_files(report, package)
+        if figures:
+            lines += ["", "Figures:", ""]
+            lines += [f"- {exp}: [{png.name}]({rel(png, report.root)})" for exp, png in figures]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""What every rendering (Markdown, HTML, README) says about a claim, a run or a paper.
+
+Kept apart from the renderings so that report.md, report.html and the README never disagree on a
+number's digits, on what counts as passed, or on which runs and figures belong to which paper.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.core import registry
+from experiments.core.report.collect import OTHER, Report, paper_of
+from experiments.core.report.runs import Run
+from experiments.core.results import FIGURES_DIR
+
+CLAIM_HEADER = ["Claim", "Ref", "Paper", "Measured", "Tolerance", "Result", "Run", "Preset"]
+
+
+def fmt(value) -> str:
+    """Numbers the way a reader wants them: 3 significant digits, nothing for empty."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{float(value):.3g}"
+
+
+def criterion(row) -> str:
+    """'≤ 1.19e−05', '≥ 3', 'within ±0.1'."""
+    if row["comparison"] == "within":
+        return f"within ±{fmt(row['tolerance'])}"
+    return {"<=": "≤ ", ">=": "≥ "}[row["comparison"]] + fmt(row["tolerance"])
+
+
+def _measured(row) -> str:
+    """One run's value, or a sweep's range over its jobs: `0.12 … 0.47 (3 jobs)`."""
+    if row.get("jobs", 1) > 1:
+        lo, hi = fmt(row["measured_min"]), fmt(row["measured_max"])
+        return (lo if lo == hi else f"{lo} … {hi}") + f" ({row['jobs']} jobs)"
+    return fmt(row["measured"])
+
+
+def result_text(row, bold: str = "**") -> str:
+    """pass / FAIL / FAIL (1 of 3 jobs) / fail (expected at preset=smoke)."""
+    if row["passed"]:
+        return "pass"
+    if row.get("expected"):
+        return "fail (expected at smoke)"
+    jobs = row.get("jobs", 1)
+    return f"{bold}FAIL{bold}" + (f" ({jobs - row['jobs_passed']} of {jobs} jobs)" if jobs > 1 else "")
+
+
+def claim_cells(row) -> list[str]:
+    """A shown claim's cells, in CLAIM_HEADER order."""
+    run = row["unit"] if row.get("jobs", 1) > 1 else row["run"] + (f" (job {row['job']})" if row["job"] else "")
+    measure = row.get("measure") or ""
+    measured = _measured(row) + (f" = {measure}" if measure else "")
+    return [f"`{row['id']}`", row["ref"], fmt(row["paper_value"]), measured, criterion(row),
+            result_text(row), run, row["preset"]]
+
+
+def summary_line(rows: pd.DataFrame) -> str:
+    """`3/4 claims passed` (+ how many of the failures are preset=smoke's expected ones)."""
+    passed = int(rows["passed"].sum()) if len(rows) else 0
+    expected = int(rows["expected"].sum()) if len(rows) and "expected" in rows else 0
+    smoke = f" ({expected} failed as expected at preset=smoke, not counted by --strict)" if expected else ""
+    return f"{passed}/{len(rows)} claims passed{smoke}"
+
+
+def runs_line(report: Report) -> str:
+    """The summary's second half: runs shown, runs not complete among all found (by status), never run."""
+    counts = report.not_complete_counts()
+    detail = f" ({', '.join(f'{n} {status}' for status, n in counts.items())})" if counts else ""
+    return (f"over {len(report.runs)} run(s) shown; {sum(counts.values())} of the {len(report.found)} run(s) found "
+            f"not complete{detail}; {len(report.missing)} experiment(s) never run.")
+
+
+def run_state(run: Run) -> str:
+    """A run that is not complete, as the reader needs it: its status and the error it died of."""
+    error = run.record.get("error")
+    status = "running (or died without saying so)" if run.status == "running" else run.status
+    return status + (f" ({error})" if error else "")
+
+
+# -- which paper a thing belongs to ------------------------------------------------------------------
+
+
+def paper_groups(report: Report) -> list[tuple[str, str, pd.DataFrame]]:
+    """(package, title, claims) per paper with runs or registered experiments, in PAPER_PACKAGES order."""
+    titles = _paper_titles()
+    packages = list(registry.PAPER_PACKAGES)
+    shown = report.shown
+    if (shown["paper"] == OTHER).any():
+        packages.append(OTHER)
+    return [(package, titles.get(package, package), shown[shown["paper"] == package]) for package in packages]
+
+
+def _paper_titles() -> dict[str, str]:
+    titles = {}
+    for exp in registry.all_experiments():
+        titles.setdefault(registry.paper_package(exp.name), exp.paper)
+    return titles
+
+
+def figures_of(name: str) -> str:
+    """The paper's figures an experiment reproduces ("Fig. 2"), or nothing for an unregistered one."""
+    try:
+        return registry.get(name).figures
+    except Exception:
+        return ""
+
+
+def runs_of(report: Report, package: str) -> list[Run]:
+    return [r for r in report.runs if paper_of(r.experiment) == package]
+
+
+def not_run(report: Report, package: str) -> tuple[list[Run], list[str]]:
+    """A paper's runs that are not complete, and its experiments with no run at all."""
+    failed = [r for r in report.failed if paper_of(r.experiment) == package]
+    missing = [n for n in report.missing if paper_of(n) == package]
+    return failed, missing
+
+
+def has_content(report: Report, package: str, rows: pd.DataFrame) -> bool:
+    """Whether a paper gets a section: it has claims, runs, or experiments that did not run."""
+    failed, missing = not_run(report, package)
+    return not rows.empty or bool(failed or missing or runs_of(report, package))
+
+
+def figure_files(report: Report, package: str) -> list[tuple[str, Path]]:
+    """(experiment, png) for the shown runs: a sweep's combined figures once, else each run's."""
+    out, seen = [], set()
+    for run in runs_of(report, package):
+        folder = run.sweep if run.sweep and (run.sweep / FIGURES_DIR).is_dir() else run.path
+        if folder in seen:
+            continue
+        seen.add(folder)
+        out += [(run.experiment, p) for p in sorted((folder / FIGURES_DIR).glob("*.png"))]
+    return out
