@@ -24,7 +24,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from experiments.core import registry
 from experiments.core.errors import UserError
-from experiments.core.runtime import DEVICES, DTYPES, launched_elsewhere, resolve_device
 
 MAX_COMBINATIONS_CHECKED = 64
 
@@ -103,6 +102,8 @@ def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig, free
         problem = _type_error(key, OmegaConf.select(ref, key), value)
         if problem:
             raise UserError(problem)
+    from experiments.core.runtime import DEVICES, DTYPES, launched_elsewhere, resolve_device  # torch: 1.5 s
+
     dtype = str(cfg.get("dtype", "float32")).lower()
     if dtype not in DTYPES:
         raise UserError(f"dtype={cfg.dtype!r} is not one of {', '.join(DTYPES)}")
@@ -279,7 +280,7 @@ def _check_model_name(cfg: DictConfig) -> None:
 def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConfig:
     """Raise UserError for an unknown experiment or a bad override; return the composed config.
     `multirun=False` (a plain `icl-exp run`): a comma-separated value is an error that says to use -m."""
-    exp = registry.get(name)
+    registry.check_name(name)  # the module (and torch) is imported once the command line has composed
     _check_flags(name, overrides)
     hydra_flags = [o for o in overrides if o.startswith("-")]
     plain = [o for o in overrides if not o.startswith("-")]
@@ -306,6 +307,7 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
         except HydraException as err:
             raise UserError(_unknown_key_message(err, name, ref)) from None
         combo_parsed = OverridesParser.create().parse_overrides(combo)
+        exp = registry.get(name)
         _check_values(cfg, combo_parsed, ref, exp.free_form_keys)
         _check_threads(cfg)
         _check_model_name(cfg)
