@@ -22,23 +22,16 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from cli.config_errors import composition_error, first_line, known_keys_hint, leaf_keys
 from experiments.core import registry
+from experiments.core.config_schema import register_schemas
 from experiments.core.errors import UserError
 
 MAX_COMBINATIONS_CHECKED = 64
 
 
-def _first_line(err: BaseException) -> str:
-    msgs = []
-    while err is not None:
-        text = str(err).strip()
-        if text:
-            msgs.append(text.splitlines()[0])
-        err = err.__cause__ or err.__context__
-    return msgs[0] if msgs else "invalid configuration"
-
-
 def _compose(overrides: list[str]) -> DictConfig:
+    register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(registry.CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides, return_hydra_config=True)
@@ -114,39 +107,6 @@ def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig, free
         resolve_device(device)  # CUDA asked for on a machine without it: say so before any run folder
 
 
-def _leaf_keys(cfg: DictConfig) -> list[str]:
-    """Every settable key of an experiment's config (`train.steps`, `seed`, ...), Hydra's own left out."""
-    keys: list[str] = []
-
-    def walk(node: Any, prefix: str) -> None:
-        for k in node:
-            v = node._get_node(k)
-            path = f"{prefix}{k}"
-            if isinstance(v, DictConfig) and len(v):
-                walk(v, path + ".")
-            else:
-                keys.append(path)
-
-    walk(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), "")
-    return keys
-
-
-def _known_keys_hint(key: str, ref: DictConfig) -> str:
-    keys = _leaf_keys(ref)
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    mean = f"did you mean {close[0]}? " if close else ""
-    return f"{mean}keys: {', '.join(keys)}"
-
-
-def _unknown_key_message(err: HydraException, name: str, ref: DictConfig | None = None) -> str:
-    text = str(err)
-    if "Could not override" in text or "Key '" in text and "not in struct" in text:
-        key = text.split("'")[1] if "'" in text else "?"
-        hint = _known_keys_hint(key, ref) if ref is not None else f"see `icl-exp run {name} --cfg job`"
-        return f"unknown config key {key!r} for experiment {name} ({hint})"
-    return _first_line(err)
-
-
 def _group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (registry.CONF_DIR / group).glob("*.yaml"))
 
@@ -180,7 +140,7 @@ def _check_added_keys(parsed: list[Override], ref: DictConfig) -> None:
         if o.is_add() or o.is_force_add():
             if OmegaConf.select(ref, key, default="__missing__") == "__missing__":
                 raise UserError(f"{o.input_line}: no experiment reads {key!r}, so it would be ignored "
-                                f"({_known_keys_hint(key, ref)})")
+                                f"({known_keys_hint(key, ref)})")
 
 
 def _check_threads(cfg: DictConfig) -> None:
@@ -212,7 +172,7 @@ def _check_flags(name: str, overrides: list[str]) -> None:
             value = overrides[i + 1]
             typed = f"{arg} {value}"
         try:
-            keys = _leaf_keys(_compose([f"experiment={name}"]))
+            keys = leaf_keys(_compose([f"experiment={name}"]))
         except HydraException:
             keys = []
         candidates = (key, key.replace("-", "_"), key.replace("-", "."))
@@ -289,23 +249,24 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as err:
-        raise UserError(f"cannot parse overrides: {_first_line(err)}") from None
+        raise UserError(f"cannot parse overrides: {first_line(err)}") from None
     _check_launcher(parsed)
     if any(o.key_or_group == "experiment" for o in parsed):
         raise UserError("give the experiment as `icl-exp run NAME`, not experiment=NAME")
     _check_sweeps_and_groups(name, parsed, multirun)
     groups = [o.input_line for o in parsed if not o.is_sweep_override() and o.key_or_group == "preset"]
+    keys = [o.key_or_group for o in parsed]
     try:
         ref = _compose([f"experiment={name}", *groups])
     except HydraException as err:
-        raise UserError(_unknown_key_message(err, name)) from None
+        raise UserError(composition_error(err, name, keys, None)) from None
     _check_added_keys(parsed, ref)
     cfg = ref
     for combo in _expand(parsed):
         try:
             cfg = _compose([f"experiment={name}", *combo])
         except HydraException as err:
-            raise UserError(_unknown_key_message(err, name, ref)) from None
+            raise UserError(composition_error(err, name, keys, ref)) from None
         combo_parsed = OverridesParser.create().parse_overrides(combo)
         exp = registry.get(name)
         _check_values(cfg, combo_parsed, ref, exp.free_form_keys)
