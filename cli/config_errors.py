@@ -10,12 +10,13 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode
 
 # What a typed node takes, as the error says it.
 EXPECTED = {IntegerNode: "an integer", FloatNode: "a number", BooleanNode: "true or false"}
+ITEM_EXPECTED = {int: "an integer", float: "a number", bool: "true or false"}  # items of a typed list
 
 
 def first_line(err: BaseException) -> str:
@@ -73,15 +74,22 @@ def composition_error(err: BaseException, name: str, override_keys: list[str], r
         hint = known_keys_hint(key, ref) if ref is not None else f"see `icl-exp run {name} --cfg job`"
         return f"unknown config key {key!r} for experiment {name} ({hint})"
     if isinstance(cause, ValidationError):
-        return ill_typed(cause.full_key, cause.value, cause.child_node)
+        return ill_typed(cause.full_key, cause.value, cause.child_node, cause.parent_node)
     return first_line(err)
 
 
-def ill_typed(key: str, value: Any, node: Any) -> str:
-    """`seed='abc' is ill-typed: expected an integer`, or for an Enum `dtype='float8' is not one of ...`."""
+def ill_typed(key: str, value: Any, node: Any, parent: Any = None) -> str:
+    """`seed='abc' is ill-typed: expected an integer`, or for an Enum `dtype='float8' is not one of ...`.
+    `node` is the typed node that refused `value`; for an item of a typed list there is none, and the
+    list (`parent`) says the items' type."""
     if isinstance(node, EnumNode):
         return f"{key}={value!r} is not one of {', '.join(node._metadata.ref_type.__members__)}"
-    want = next((w for t, w in EXPECTED.items() if isinstance(node, t)), "a value of its type")
+    if isinstance(node, ListConfig):
+        return f"{key}={value!r} is ill-typed: expected a list like [a,b]"
+    if node is None and isinstance(parent, ListConfig):
+        want = ITEM_EXPECTED.get(parent._metadata.element_type, "a value of the list's type")
+    else:
+        want = next((w for t, w in EXPECTED.items() if isinstance(node, t)), "a value of its type")
     if node is not None and node._is_optional():
         want += " (or null)"
     return f"{key}={value!r} is ill-typed: expected {want}"
