@@ -1,9 +1,11 @@
 """Check a command line before Hydra starts a run, so bad input costs one clear line and leaves
 no half-made run folder behind.
 
-Unknown keys are caught by composing the config; ill-typed values by comparing each override
-with the type of the value it replaces (Hydra itself would silently turn `seed=abc` into a
-string). Sweeps are expanded and every combination is checked.
+Unknown keys and ill-typed values are caught by composing the config (the experiment's schema,
+experiments/<paper>/schema.py, types its keys) and worded by cli/config_errors.py. An experiment
+without a schema yet is checked by comparing each override with the type of the value it replaces
+(Hydra alone would silently turn `seed=abc` into a string). Sweeps are expanded and every
+combination is checked.
 """
 
 from __future__ import annotations
@@ -81,7 +83,10 @@ def _expand(parsed: list[Override]) -> list[list[str]]:
 
 
 def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig, free_form: tuple[str, ...]) -> None:
-    for o in parsed:
+    # An experiment with a schema (experiments/<paper>/schema.py) had its values typed while composing;
+    # the others are compared with the type of the value each override replaces, until they have one.
+    typed = OmegaConf.get_type(ref) not in (None, dict)
+    for o in parsed if not typed else ():
         key = o.key_or_group
         if o.is_delete() or o.is_add() or o.is_force_add() or key.startswith("hydra") or _is_group(key):
             continue
