@@ -1,7 +1,8 @@
-"""Typed schema of gpt_wq (conf/experiment/gpt_wq.yaml): the five Table 2 variants as an Enum, the
-GPT's shape and the training loop's keys as typed nodes, so `variant=baseline` or `train.lr=fast`
-fails while composing. Range and cross-key checks (divisibility, CUDA, prepared data) stay in
-gpt_wq.validate. Torch-free: registered before every composition."""
+"""Typed schemas of Karbevski & Mijoski's experiments. gpt_wq (conf/experiment/gpt_wq.yaml): the five
+Table 2 variants as an Enum, the GPT's shape and the training loop's keys as typed nodes, so
+`variant=baseline` or `train.lr=fast` fails while composing; wq_reparam, attention_scale and
+basis_transfer likewise. Range and cross-key checks (divisibility, CUDA, prepared data) stay in each
+experiment's validate(). Torch-free: registered before every composition."""
 
 from __future__ import annotations
 
@@ -77,8 +78,126 @@ class GptWq:
     export_hf: bool = MISSING
 
 
-GptWqConfig = experiment_schema(GptWq)  # a module attribute, so a composed config pickles
+@dataclass
+class ReluCheck:
+    h: int = MISSING
+    m: int = MISSING
+    j_size: int = MISSING
+    samples: int = MISSING
+
+
+@dataclass
+class Remark5:
+    dims: list[int] = MISSING
+    samples_per_dim: int = MISSING
+    scale: float = MISSING
+    eps: float = MISSING
+
+
+@dataclass
+class NanoGptShape:
+    d_model: int = MISSING
+    layers: int = MISSING
+    vocab: int = MISSING
+    block_size: int = MISSING
+
+
+@dataclass
+class ReparamClaims:
+    exact_tolerance: float = MISSING
+    control_min: float = MISSING
+    remark5_slope_max: float = MISSING
+
+
+@dataclass
+class WqReparam:
+    d_model: int = MISSING
+    heads: int = MISSING
+    layers: int = MISSING
+    d_ff: int = MISSING
+    vocab: int = MISSING
+    seq_len: int = MISSING
+    batch: int = MISSING
+    ln_eps: float = MISSING
+    trials: int = MISSING
+    wq_rank: int | None = MISSING
+    relu: ReluCheck = field(default_factory=ReluCheck)
+    remark5: Remark5 = field(default_factory=Remark5)
+    nanogpt: NanoGptShape = field(default_factory=NanoGptShape)
+    claims: ReparamClaims = field(default_factory=ReparamClaims)
+
+
+@dataclass
+class ScaleSweep:
+    d_k: int = MISSING
+    d_models: list[int] = MISSING
+    heads: list[int] = MISSING
+
+
+@dataclass
+class ScaleClaims:
+    std_rel_tolerance: float = MISSING
+    ratio_tolerance: float = MISSING
+    ratio_rel_tolerance: float = MISSING
+
+
+@dataclass
+class AttentionScale:
+    sigma: float = MISSING
+    d_model: int = MISSING
+    heads: int = MISSING
+    seq_len: int = MISSING
+    sequences: int = MISSING
+    weight_draws: int = MISSING
+    embedding_std: float = MISSING
+    ln_eps: float = MISSING
+    sweep: ScaleSweep = field(default_factory=ScaleSweep)
+    claims: ScaleClaims = field(default_factory=ScaleClaims)
+
+
+@dataclass
+class BasisTrain:
+    steps: int = MISSING
+    batch: int = MISSING
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    clip: float = MISSING
+    log_every: int = MISSING
+
+
+@dataclass
+class Ridge:
+    lam: float = MISSING
+    samples: int = MISSING
+
+
+@dataclass
+class BasisClaims:
+    max_spread: float = MISSING
+
+
+@dataclass
+class BasisTransfer:
+    widths: list[int] = MISSING
+    mult: int = MISSING
+    eval_samples: int = MISSING
+    chunk: int = MISSING
+    warn_after_s: int = MISSING  # seconds
+    train: BasisTrain = field(default_factory=BasisTrain)
+    ridge: Ridge = field(default_factory=Ridge)
+    claims: BasisClaims = field(default_factory=BasisClaims)
+
+
+# Module attributes, so a composed config pickles (the joblib launcher sends it to its workers).
+GptWqConfig = experiment_schema(GptWq)
+WqReparamConfig = experiment_schema(WqReparam)
+AttentionScaleConfig = experiment_schema(AttentionScale)
+BasisTransferConfig = experiment_schema(BasisTransfer)
+
+SCHEMAS = {"gpt_wq": GptWqConfig, "wq_reparam": WqReparamConfig, "attention_scale": AttentionScaleConfig,
+           "basis_transfer": BasisTransferConfig}
 
 
 def register(store) -> None:
-    store.store(group=GROUP, name="gpt_wq", node=GptWqConfig, package="_global_")
+    for name, node in SCHEMAS.items():
+        store.store(group=GROUP, name=name, node=node, package="_global_")
