@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import secrets
 import sys
-from datetime import datetime
 from pathlib import Path
 
 import typer
 import typer.core
-from rich.console import Console
+
+from cli.output import fail, unique_stamp  # noqa: F401  (unique_stamp: the tests import it from here)
 
 app = typer.Typer(
     add_completion=False,
@@ -17,28 +16,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Reproduce, figure by figure, four papers on how a transformer turns its context into weights.",
 )
-err_console = Console(stderr=True)
-
-
-def fail(message: str, code: int = 2) -> None:
-    from rich.markup import escape
-
-    # escaped: `pip install -e '.[joblib]'` and `[a,b]` are text, not rich markup
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def unique_stamp() -> str:
-    """Timestamp plus a random suffix: two runs started in the same second get two folders."""
-    return f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{secrets.token_hex(3)}"
-
-
 @app.command("list")
 def list_experiments() -> None:
     """Every registered experiment, one line each, grouped by paper: name, paper, figure(s), what it shows."""
     from experiments.core import registry
 
-    rows = [(e.name, e.paper, e.figures, e.description) for e in registry.all_experiments()]
+    rows = registry.all_descriptions()
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for name, paper, figures, description in rows:
         print(f"{name:<{widths[0]}}  {paper:<{widths[1]}}  {figures:<{widths[2]}}  {description}")
@@ -90,88 +73,9 @@ def run(
     multirun: bool = typer.Option(False, "-m", "--multirun", help="sweep: comma-separated values run one job each"),
 ) -> Path | None:
     """Run NAME with Hydra overrides (the help text is _run_help)."""
-    started: dict = {}  # the run folder, once chosen, and whether it was there before
-    try:
-        return _run(ctx, name, multirun, started)
-    except KeyboardInterrupt:  # Ctrl-C before the job began (a job's own Ctrl-C is hydra_app's line)
-        _interrupted_at_start(started, multirun)
+    from cli.launch import launch
 
-
-def _interrupted_at_start(started: dict, multirun: bool) -> None:
-    """One line and exit 130, as for an interrupted run. A folder Hydra made for this run before its job
-    wrote run.json holds nothing but Hydra's config: removed, so nothing half-made stays behind."""
-    import shutil
-
-    out = Path(started["out_dir"]) if started.get("out_dir") and "${" not in started["out_dir"] else None
-    began = out is not None and ((out / "run.json").exists() or multirun and out.exists())
-    if began:  # a job had started (its own line did not come: Ctrl-C hit between jobs or in Hydra's code)
-        err_console.print(f"interrupted (Ctrl-C): what was written is in {out.absolute()}", highlight=False,
-                          soft_wrap=True)
-    else:
-        if out is not None and not started.get("existed") and out.is_dir():
-            shutil.rmtree(out, ignore_errors=True)
-        err_console.print("interrupted (Ctrl-C) while starting, before the run began: nothing was written",
-                          highlight=False, soft_wrap=True)
-    raise typer.Exit(130)
-
-
-def _run(ctx: typer.Context, name: str, multirun: bool, started: dict) -> Path:
-    """Check the command line, choose the run folder, hand over to Hydra; the run folder once it is done."""
-    from cli.overrides import check_writable, validate
-    from experiments.core.distributed import (
-        agree_across_ranks,
-        check_gpu_count,
-        hydra_overrides_for_rank,
-        is_main_process,
-    )
-    from experiments.core.errors import UserError
-
-    overrides = list(ctx.args)
-    try:
-        cfg = validate(name, overrides, multirun=multirun)
-        check_gpu_count(cfg.get("device", "auto"))  # under torchrun: a GPU per rank, said once, before anything
-        dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
-        if not given and not multirun and cfg.get("out"):  # an experiment with an `out` key (patch_export):
-            given = [str(cfg.out)]  # out=DIR is its run folder, and stays in run.json's overrides
-            overrides.append(f"{dir_key}={cfg.out}")
-        if given:
-            out_dir = given[-1]
-        else:
-            stamp = agree_across_ranks(unique_stamp())  # under torchrun every rank takes rank 0's folder
-            out_dir = f"results/{name}/multirun/{stamp}" if multirun else f"results/{name}/{stamp}"
-            overrides.append(f"{dir_key}={out_dir}")
-        started.update(out_dir=out_dir, existed=Path(out_dir).exists())
-        if "${" not in out_dir and is_main_process():  # rank 0 makes the folder the others share
-            check_writable(out_dir)
-        overrides += hydra_overrides_for_rank()  # ranks > 0 write no .hydra/ and no log file
-    except UserError as err:
-        fail(str(err))
-
-    from cli import hydra_app
-
-    # Hydra's parser takes the overrides before its own flags (`--cfg job`, `--info`, ...).
-    flags = _hydra_flags(overrides)
-    plain = [o for o in overrides if o not in flags]
-    sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags, *(["--multirun"] if multirun else [])]
-    hydra_app.main()
-    return Path(out_dir)
-
-
-def _hydra_flags(args: list[str]) -> list[str]:
-    """Hydra's own flags in `args`, with the word that follows those taking one (`--cfg job`)."""
-    flags: list[str] = []
-    takes_value = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
-                   "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
-    i = 0
-    while i < len(args):
-        if args[i].startswith("-"):
-            flags.append(args[i])
-            if args[i] in takes_value and i + 1 < len(args) and "=" not in args[i + 1]:
-                flags.append(args[i + 1])
-                i += 1
-        i += 1
-    return flags
+    return launch(name, list(ctx.args), multirun)
 
 
 @app.command()

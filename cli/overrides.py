@@ -1,9 +1,11 @@
 """Check a command line before Hydra starts a run, so bad input costs one clear line and leaves
 no half-made run folder behind.
 
-Unknown keys are caught by composing the config; ill-typed values by comparing each override
-with the type of the value it replaces (Hydra itself would silently turn `seed=abc` into a
-string). Sweeps are expanded and every combination is checked.
+Unknown keys and ill-typed values are caught by composing the config (the experiment's schema,
+experiments/<paper>/schema.py, types its keys) and worded by cli/config_errors.py. An experiment
+without a schema yet is checked by comparing each override with the type of the value it replaces
+(Hydra alone would silently turn `seed=abc` into a string). Sweeps are expanded and every
+combination is checked.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import difflib
 import itertools
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +24,18 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from cli.config_errors import composition_error, first_line, known_keys_hint, leaf_keys, omegaconf_cause
 from experiments.core import registry
+from experiments.core.config_schema import register_schemas
 from experiments.core.errors import UserError
-from experiments.core.runtime import DEVICES, DTYPES, launched_elsewhere, resolve_device
 
 MAX_COMBINATIONS_CHECKED = 64
 
 
-def _first_line(err: BaseException) -> str:
-    msgs = []
-    while err is not None:
-        text = str(err).strip()
-        if text:
-            msgs.append(text.splitlines()[0])
-        err = err.__cause__ or err.__context__
-    return msgs[0] if msgs else "invalid configuration"
-
-
 def _compose(overrides: list[str]) -> DictConfig:
+    register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(registry.CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides, return_hydra_config=True)
@@ -88,8 +84,13 @@ def _expand(parsed: list[Override]) -> list[list[str]]:
     return [list(c) for c in combos]
 
 
-def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig, free_form: tuple[str, ...]) -> None:
-    for o in parsed:
+def _check_values(cfg: DictConfig, parsed: list[Override], reference: Callable[[], DictConfig],
+                  free_form: tuple[str, ...]) -> None:
+    # An experiment with a schema (experiments/<paper>/schema.py) had its values typed while composing;
+    # the others are compared with the type of the value each override replaces, until they have one.
+    typed = OmegaConf.get_type(cfg) not in (None, dict)
+    ref = None if typed else reference()
+    for o in parsed if not typed else ():
         key = o.key_or_group
         if o.is_delete() or o.is_add() or o.is_force_add() or key.startswith("hydra") or _is_group(key):
             continue
@@ -103,6 +104,8 @@ def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig, free
         problem = _type_error(key, OmegaConf.select(ref, key), value)
         if problem:
             raise UserError(problem)
+    from experiments.core.runtime import DEVICES, DTYPES, launched_elsewhere, resolve_device  # torch: 1.5 s
+
     dtype = str(cfg.get("dtype", "float32")).lower()
     if dtype not in DTYPES:
         raise UserError(f"dtype={cfg.dtype!r} is not one of {', '.join(DTYPES)}")
@@ -111,39 +114,6 @@ def _check_values(cfg: DictConfig, parsed: list[Override], ref: DictConfig, free
         raise UserError(f"device={cfg.device!r} is not one of {', '.join(DEVICES)}")
     if device.startswith("cuda") and not launched_elsewhere(cfg):
         resolve_device(device)  # CUDA asked for on a machine without it: say so before any run folder
-
-
-def _leaf_keys(cfg: DictConfig) -> list[str]:
-    """Every settable key of an experiment's config (`train.steps`, `seed`, ...), Hydra's own left out."""
-    keys: list[str] = []
-
-    def walk(node: Any, prefix: str) -> None:
-        for k in node:
-            v = node._get_node(k)
-            path = f"{prefix}{k}"
-            if isinstance(v, DictConfig) and len(v):
-                walk(v, path + ".")
-            else:
-                keys.append(path)
-
-    walk(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), "")
-    return keys
-
-
-def _known_keys_hint(key: str, ref: DictConfig) -> str:
-    keys = _leaf_keys(ref)
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    mean = f"did you mean {close[0]}? " if close else ""
-    return f"{mean}keys: {', '.join(keys)}"
-
-
-def _unknown_key_message(err: HydraException, name: str, ref: DictConfig | None = None) -> str:
-    text = str(err)
-    if "Could not override" in text or "Key '" in text and "not in struct" in text:
-        key = text.split("'")[1] if "'" in text else "?"
-        hint = _known_keys_hint(key, ref) if ref is not None else f"see `icl-exp run {name} --cfg job`"
-        return f"unknown config key {key!r} for experiment {name} ({hint})"
-    return _first_line(err)
 
 
 def _group_options(group: str) -> list[str]:
@@ -179,7 +149,7 @@ def _check_added_keys(parsed: list[Override], ref: DictConfig) -> None:
         if o.is_add() or o.is_force_add():
             if OmegaConf.select(ref, key, default="__missing__") == "__missing__":
                 raise UserError(f"{o.input_line}: no experiment reads {key!r}, so it would be ignored "
-                                f"({_known_keys_hint(key, ref)})")
+                                f"({known_keys_hint(key, ref)})")
 
 
 def _check_threads(cfg: DictConfig) -> None:
@@ -211,7 +181,7 @@ def _check_flags(name: str, overrides: list[str]) -> None:
             value = overrides[i + 1]
             typed = f"{arg} {value}"
         try:
-            keys = _leaf_keys(_compose([f"experiment={name}"]))
+            keys = leaf_keys(_compose([f"experiment={name}"]))
         except HydraException:
             keys = []
         candidates = (key, key.replace("-", "_"), key.replace("-", "."))
@@ -279,7 +249,7 @@ def _check_model_name(cfg: DictConfig) -> None:
 def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConfig:
     """Raise UserError for an unknown experiment or a bad override; return the composed config.
     `multirun=False` (a plain `icl-exp run`): a comma-separated value is an error that says to use -m."""
-    exp = registry.get(name)
+    registry.check_name(name)  # the module (and torch) is imported once the command line has composed
     _check_flags(name, overrides)
     hydra_flags = [o for o in overrides if o.startswith("-")]
     plain = [o for o in overrides if not o.startswith("-")]
@@ -288,29 +258,46 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as err:
-        raise UserError(f"cannot parse overrides: {_first_line(err)}") from None
+        raise UserError(f"cannot parse overrides: {first_line(err)}") from None
     _check_launcher(parsed)
     if any(o.key_or_group == "experiment" for o in parsed):
         raise UserError("give the experiment as `icl-exp run NAME`, not experiment=NAME")
     _check_sweeps_and_groups(name, parsed, multirun)
     groups = [o.input_line for o in parsed if not o.is_sweep_override() and o.key_or_group == "preset"]
-    try:
-        ref = _compose([f"experiment={name}", *groups])
-    except HydraException as err:
-        raise UserError(_unknown_key_message(err, name)) from None
-    _check_added_keys(parsed, ref)
-    cfg = ref
+    keys = [o.key_or_group for o in parsed]
+    composed: dict[str, DictConfig] = {}
+
+    def reference() -> DictConfig:
+        """The config without the overrides (the keys there are, the types of their defaults), composed
+        only when needed: each composition costs about 0.3 s, and a typed experiment's bad value needs none."""
+        if "ref" not in composed:
+            try:
+                composed["ref"] = _compose([f"experiment={name}", *groups])
+            except HydraException as err:
+                raise UserError(composition_error(err, name, keys, None)) from None
+        return composed["ref"]
+
+    if any(o.is_add() or o.is_force_add() for o in parsed):
+        _check_added_keys(parsed, reference())
+    # every combination composed first: a bad value anywhere in a sweep is said before torch is imported
+    configs = []
     for combo in _expand(parsed):
         try:
-            cfg = _compose([f"experiment={name}", *combo])
+            configs.append((combo, _compose([f"experiment={name}", *combo])))
         except HydraException as err:
-            raise UserError(_unknown_key_message(err, name, ref)) from None
+            known = reference() if isinstance(omegaconf_cause(err), (ConfigKeyError, ConfigAttributeError)) else None
+            raise UserError(composition_error(err, name, keys, known)) from None
+    cfg = None
+    for combo, cfg in configs:
         combo_parsed = OverridesParser.create().parse_overrides(combo)
-        _check_values(cfg, combo_parsed, ref, exp.free_form_keys)
+        exp = registry.get(name)
+        _check_values(cfg, combo_parsed, reference, exp.free_form_keys)
         _check_threads(cfg)
         _check_model_name(cfg)
         if exp.validate is not None:
             exp.validate(cfg)
+    if cfg is None:
+        cfg = reference()
     GlobalHydra.instance().clear()
     return cfg
 

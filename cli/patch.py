@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import typer
 
@@ -37,9 +36,9 @@ EXPORT_HELP = "\n\n".join([
              help=EXPORT_HELP)
 def export(ctx: typer.Context) -> None:
     """Run patch_export with these overrides (the help text is EXPORT_HELP), then say how to use what it wrote."""
-    from cli.main import run
+    from cli.launch import launch
 
-    out = run(SimpleNamespace(args=list(ctx.args)), "patch_export", multirun=False)
+    out = launch("patch_export", list(ctx.args), multirun=False)
     if out is not None and (out / "inputs.json").is_file():
         from experiments.core.console import plain_console
 
@@ -71,7 +70,8 @@ def compile_(ctx: typer.Context) -> None:
     prompt=TEXT [k=16] [heldout=32] [sweep=[] (more k to measure)] [per_token=false] [dtype=float32]
     [out=DIR: a new or empty folder].
     """
-    from cli.main import fail, run
+    from cli.launch import launch
+    from cli.output import fail
 
     outs = [a.split("=", 1)[1] for a in ctx.args if a.startswith("out=")]
     if outs and Path(outs[-1]).expanduser().is_dir() and any(Path(outs[-1]).expanduser().iterdir()):
@@ -79,4 +79,4 @@ def compile_(ctx: typer.Context) -> None:
     defaults = [d for d in ("sweep=[]", "prompts=[]", "per_token=false")  # one prompt, one k: the artifact
                 if not any(a.startswith(d.split("=")[0] + "=") for a in ctx.args)]
     overrides = [f"hydra.run.dir={a.split('=', 1)[1]}" if a.startswith("out=") else a for a in ctx.args]
-    run(SimpleNamespace(args=[*defaults, *overrides]), "context_compile", multirun=False)
+    launch("context_compile", [*defaults, *overrides], multirun=False)

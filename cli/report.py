@@ -21,7 +21,7 @@ def report(
     tolerance, pass/fail, run, preset), figures, failed or missing experiments, a summary per paper."""
     from rich.console import Console
 
-    from cli.main import fail
+    from cli.output import fail
     from experiments.core.figures import no_such_folder
     from experiments.core.report.collect import build_report
     from experiments.core.report.readme import update_readme

@@ -60,7 +60,7 @@ def reproduce(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from cli.main import fail, unique_stamp
+    from cli.output import fail, unique_stamp
     from experiments.core import registry
     from experiments.core.report.collect import build_report
     from experiments.core.report.text import paper_groups, summary_line

@@ -15,11 +15,13 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
 
 from experiments.core.errors import UserError
+
+if TYPE_CHECKING:  # pandas and omegaconf cost 0.7 s to import: `icl-exp --help` needs neither
+    import pandas as pd
+    from omegaconf import DictConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # One package per paper, in the order `icl-exp list` shows them.
@@ -48,12 +50,17 @@ def experiment_names() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
-def get(name: str) -> Experiment:
+def check_name(name: str) -> None:
+    """UserError for a name with no conf/experiment/<name>.yaml, with a "did you mean". Imports nothing."""
     names = experiment_names()
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
         mean = f"did you mean {close[0]}? " if close else ""
         raise UserError(f"unknown experiment {name!r}; {mean}known: {', '.join(names)}")
+
+
+def get(name: str) -> Experiment:
+    check_name(name)
     module = importlib.import_module(_module_name(name))
     exp = getattr(module, "EXPERIMENT", None)
     if not isinstance(exp, Experiment) or exp.name != name:
@@ -79,3 +86,36 @@ def all_experiments() -> list[Experiment]:
     """Every experiment, grouped by paper (PAPER_PACKAGES order), by name within a paper."""
     names = sorted(experiment_names(), key=lambda n: (PAPER_PACKAGES.index(paper_package(n)), n))
     return [get(name) for name in names]
+
+
+def describe(name: str) -> tuple[str, str, str, str]:
+    """(name, paper, figures, description) of an experiment, read from the literal keywords of its
+    `EXPERIMENT = Experiment(...)` without importing the module: importing one pulls in torch, and
+    `icl-exp list` would wait seconds for it. Falls back to importing when a field is not a literal."""
+    import ast
+
+    spec = importlib.util.find_spec(_module_name(name))
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    constants = {}  # module-level NAME = "literal" (e.g. `paper=PAPER`)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            constants.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EXPERIMENT" for t in node.targets)
+                and isinstance(node.value, ast.Call)):
+            fields = {k.arg: k.value for k in node.value.keywords}
+            try:
+                values = [constants[fields[f].id] if isinstance(fields.get(f), ast.Name)
+                          else ast.literal_eval(fields[f]) for f in ("name", "paper", "figures", "description")]
+            except (KeyError, ValueError):
+                break
+            if values[0] == name:
+                return tuple(values)
+    exp = get(name)
+    return exp.name, exp.paper, exp.figures, exp.description
+
+
+def all_descriptions() -> list[tuple[str, str, str, str]]:
+    """describe() for every experiment, in all_experiments() order."""
+    names = sorted(experiment_names(), key=lambda n: (PAPER_PACKAGES.index(paper_package(n)), n))
+    return [describe(name) for name in names]

@@ -1,0 +1,95 @@
+"""Hydra's and OmegaConf's composition errors, worded as the one line a user sees.
+
+Composition does the checking (unknown keys: struct mode; ill-typed values: the experiment's schema,
+experiments/<paper>/schema.py); this module only reads the failing exception's fields (`full_key`,
+`value`, the node that refused it), never its text, so a rewording in Hydra changes nothing here.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode
+
+# What a typed node takes, as the error says it.
+EXPECTED = {IntegerNode: "an integer", FloatNode: "a number", BooleanNode: "true or false"}
+ITEM_EXPECTED = {int: "an integer", float: "a number", bool: "true or false"}  # items of a typed list
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of the first exception in the chain that says something."""
+    msgs = []
+    while err is not None:
+        text = str(err).strip()
+        if text:
+            msgs.append(text.splitlines()[0])
+        err = err.__cause__ or err.__context__
+    return msgs[0] if msgs else "invalid configuration"
+
+
+def omegaconf_cause(err: BaseException) -> OmegaConfBaseException | None:
+    """The OmegaConf exception that names the key, somewhere in Hydra's chain of causes."""
+    while err is not None:
+        if isinstance(err, OmegaConfBaseException) and err.full_key:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def leaf_keys(cfg: DictConfig) -> list[str]:
+    """Every settable key of an experiment's config (`train.steps`, `seed`, ...), Hydra's own left out."""
+    keys: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        for k in node:
+            v = node._get_node(k)
+            path = f"{prefix}{k}"
+            if isinstance(v, DictConfig) and len(v):
+                walk(v, path + ".")
+            else:
+                keys.append(path)
+
+    walk(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), "")
+    return keys
+
+
+def known_keys_hint(key: str, ref: DictConfig) -> str:
+    keys = leaf_keys(ref)
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    mean = f"did you mean {close[0]}? " if close else ""
+    return f"{mean}keys: {', '.join(keys)}"
+
+
+def composition_error(err: BaseException, name: str, override_keys: list[str], ref: DictConfig | None) -> str:
+    """The one line for `err`, raised while composing experiment `name` with overrides whose keys are
+    `override_keys`; `ref` (the config composed without them) lists the keys there are."""
+    cause = omegaconf_cause(err)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        # full_key is the first part that does not exist (`trian` of `trian.steps`): name what was typed
+        key = next((k for k in override_keys if k == cause.full_key or k.startswith(cause.full_key + ".")),
+                   cause.full_key)
+        hint = known_keys_hint(key, ref) if ref is not None else f"see `icl-exp run {name} --cfg job`"
+        return f"unknown config key {key!r} for experiment {name} ({hint})"
+    if isinstance(cause, ValidationError):
+        return ill_typed(cause.full_key, cause.value, cause.child_node, cause.parent_node)
+    return first_line(err)
+
+
+def ill_typed(key: str, value: Any, node: Any, parent: Any = None) -> str:
+    """`seed='abc' is ill-typed: expected an integer`, or for an Enum `dtype='float8' is not one of ...`.
+    `node` is the typed node that refused `value`; for an item of a typed list there is none, and the
+    list (`parent`) says the items' type."""
+    if isinstance(node, EnumNode):
+        return f"{key}={value!r} is not one of {', '.join(node._metadata.ref_type.__members__)}"
+    if isinstance(node, ListConfig):
+        return f"{key}={value!r} is ill-typed: expected a list like [a,b]"
+    if node is None and isinstance(parent, ListConfig):
+        want = ITEM_EXPECTED.get(parent._metadata.element_type, "a value of the list's type")
+    else:
+        want = next((w for t, w in EXPECTED.items() if isinstance(node, t)), "a value of its type")
+    if node is not None and node._is_optional():
+        want += " (or null)"
+    return f"{key}={value!r} is ill-typed: expected {want}"

@@ -1,0 +1,98 @@
+"""One way into a run: `icl-exp run`, `icl-exp patch export` and `icl-exp patch compile` all call
+`launch(name, overrides, multirun)`. It checks the command line (one line for a bad one, before any
+folder exists), picks the run folder and hands argv to Hydra's own entry point."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from cli.output import err_console, fail, unique_stamp
+
+
+def launch(name: str, overrides: list[str], multirun: bool = False) -> Path | None:
+    """Run experiment `name` with Hydra `overrides` (a sweep when `multirun`); the run folder once done."""
+    started: dict = {}  # the run folder, once chosen, and whether it was there before
+    try:
+        return _launch(name, list(overrides), multirun, started)
+    except KeyboardInterrupt:  # Ctrl-C before the job began (a job's own Ctrl-C is hydra_app's line)
+        _interrupted_at_start(started, multirun)
+
+
+def _interrupted_at_start(started: dict, multirun: bool) -> None:
+    """One line and exit 130, as for an interrupted run. A folder Hydra made for this run before its job
+    wrote run.json holds nothing but Hydra's config: removed, so nothing half-made stays behind."""
+    import shutil
+
+    out = Path(started["out_dir"]) if started.get("out_dir") and "${" not in started["out_dir"] else None
+    began = out is not None and ((out / "run.json").exists() or multirun and out.exists())
+    if began:  # a job had started (its own line did not come: Ctrl-C hit between jobs or in Hydra's code)
+        err_console.print(f"interrupted (Ctrl-C): what was written is in {out.absolute()}", highlight=False,
+                          soft_wrap=True)
+    else:
+        if out is not None and not started.get("existed") and out.is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+        err_console.print("interrupted (Ctrl-C) while starting, before the run began: nothing was written",
+                          highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
+
+
+def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> Path:
+    """Check the command line, choose the run folder, hand over to Hydra; the run folder once it is done."""
+    from cli.overrides import check_writable, validate
+    from experiments.core.errors import UserError
+
+    try:
+        cfg = validate(name, overrides, multirun=multirun)
+        from experiments.core.distributed import (  # imports torch: after a bad override has been said
+            agree_across_ranks,
+            check_gpu_count,
+            hydra_overrides_for_rank,
+            is_main_process,
+        )
+
+        check_gpu_count(cfg.get("device", "auto"))  # under torchrun: a GPU per rank, said once, before anything
+        dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
+        if not given and not multirun and cfg.get("out"):  # an experiment with an `out` key (patch_export):
+            given = [str(cfg.out)]  # out=DIR is its run folder, and stays in run.json's overrides
+            overrides.append(f"{dir_key}={cfg.out}")
+        if given:
+            out_dir = given[-1]
+        else:
+            stamp = agree_across_ranks(unique_stamp())  # under torchrun every rank takes rank 0's folder
+            out_dir = f"results/{name}/multirun/{stamp}" if multirun else f"results/{name}/{stamp}"
+            overrides.append(f"{dir_key}={out_dir}")
+        started.update(out_dir=out_dir, existed=Path(out_dir).exists())
+        if "${" not in out_dir and is_main_process():  # rank 0 makes the folder the others share
+            check_writable(out_dir)
+        overrides += hydra_overrides_for_rank()  # ranks > 0 write no .hydra/ and no log file
+    except UserError as err:
+        fail(str(err))
+
+    from cli import hydra_app
+
+    # Hydra's parser takes the overrides before its own flags (`--cfg job`, `--info`, ...).
+    flags = _hydra_flags(overrides)
+    plain = [o for o in overrides if o not in flags]
+    sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags, *(["--multirun"] if multirun else [])]
+    hydra_app.main()
+    return Path(out_dir)
+
+
+def _hydra_flags(args: list[str]) -> list[str]:
+    """Hydra's own flags in `args`, with the word that follows those taking one (`--cfg job`)."""
+    flags: list[str] = []
+    takes_value = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
+                   "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+    i = 0
+    while i < len(args):
+        if args[i].startswith("-"):
+            flags.append(args[i])
+            if args[i] in takes_value and i + 1 < len(args) and "=" not in args[i + 1]:
+                flags.append(args[i + 1])
+                i += 1
+        i += 1
+    return flags
