@@ -11,8 +11,7 @@ time per token (the prefill not counted):
 - generate: stock `model.generate(ids, max_new_tokens=N, do_sample=False)` with its KV cache, timed as
   (t(N + 1) − t(1)) / N, median of 3;
 - patched: patched generation (`generate.patched_generate`): the patched model, fed only its own tokens,
-  picks every token; the with-context decoder body (KV-cached, no LM head) gives the targets, on the CPU
-  layer by layer with the patched pass (`patching/interleave.py`); median;
+  picks every token; the with-context decoder body (KV-cached, no LM head) gives the targets; median;
 - compare: the patch_match experiment's step (`generate.compare_generation`, no control): the same plus
   the with-context logits it compares against; median.
 Prints a table; not a test.
@@ -87,8 +86,7 @@ def measure(mode: str, model_name: str, dtype_name: str, tokens: int, variant: s
             else:
                 steps = list(compare_generation(patcher, inputs, tokens + 1, control=False))[1:]
                 times, context = [st.patched_ms for st in steps], [st.baseline_ms for st in steps]
-            parts = {"context_ms": None if None in context else median(context),
-                     "patch_ms": median([st.patch_ms for st in steps])}
+            parts = {"context_ms": median(context), "patch_ms": median([st.patch_ms for st in steps])}
     return {"mode": mode, "ms_per_token": median(times), "mean_ms": sum(times) / len(times), **parts,
             "peak_rss_mb": peak_rss_mb(), "rss_after_load_mb": rss_model, "threads": torch.get_num_threads()}
 
@@ -121,12 +119,8 @@ def main() -> None:
               f"{r['peak_rss_mb']:>13.0f}{r['ms_per_token'] / plain['ms_per_token']:>13.2f}"
               f"{r['peak_rss_mb'] / plain['peak_rss_mb']:>13.2f}")
     for r in rows[1:]:
-        if r["context_ms"] is None:  # patched_generate on the CPU: both passes layer by layer, one time
-            print(f"{r['mode']}: with-context body and patched pass interleaved layer by layer "
-                  f"{r['patch_ms']:.1f} ms (median)")
-        else:
-            print(f"{r['mode']}: with-context step {r['context_ms']:.1f} ms + patches and patched forward "
-                  f"{r['patch_ms']:.1f} ms (medians)")
+        print(f"{r['mode']}: with-context step {r['context_ms']:.1f} ms + patches and patched forward "
+              f"{r['patch_ms']:.1f} ms (medians)")
     time_x, memory_x = TARGETS.get(a.model, DEFAULT_TARGET)
     print(f"targets: patched time ≤ {time_x}× stock generate, peak memory ≤ {memory_x}×")
 

@@ -5,7 +5,7 @@ MLP input z, the output rule's inputs) at the query position, the last one of th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -52,17 +52,13 @@ def _module(layer: nn.Module, path: str) -> nn.Module:
     return layer.get_submodule(path)
 
 
-def register_captures(adapter: BlockAdapter, layer: nn.Module, values: dict, stop_at_mlp: bool = False,
-                      active: Callable[[], bool] | None = None) -> list:
+def register_captures(adapter: BlockAdapter, layer: nn.Module, values: dict, stop_at_mlp: bool = False) -> list:
     """Hooks recording the adapter's values into `values` (query position); `stop_at_mlp` aborts the
-    forward once z is known (raises StopAtMLP). `active`: the hooks act only while it says so (the
-    with-context pass on its own thread, `interleave.py`)."""
+    forward once z is known (raises StopAtMLP)."""
     handles = []
 
     def keep_input(name: str, stop: bool = False):
         def hook(_m, args, kwargs=None):
-            if active is not None and not active():
-                return
             x = args[0] if args else kwargs["hidden_states"]
             values[name] = last_position(x)
             if stop:
@@ -72,8 +68,7 @@ def register_captures(adapter: BlockAdapter, layer: nn.Module, values: dict, sto
 
     def keep_output(name: str):
         def hook(_m, _args, output):
-            if active is None or active():
-                values[name] = last_position(output)
+            values[name] = last_position(output)
 
         return hook
 
@@ -98,35 +93,27 @@ def residual(values: dict) -> Tensor:
 
 
 @contextmanager
-def capture_context(adapter: BlockAdapter, layers: nn.ModuleList, caps: list[LayerCapture] | None = None,
-                    relay=None) -> Iterator[list[LayerCapture]]:
-    """Record every layer's values at the query position during a with-context forward (into `caps`, or
-    new ones). With a `relay` (`interleave.LayerRelay`) the hooks act only on the relay's with-context
-    thread, and after each layer's output is recorded the patched pass gets its turn at that layer."""
-    caps = caps if caps is not None else [LayerCapture() for _ in layers]
-    active = relay.on_context_thread if relay is not None else None
+def capture_context(adapter: BlockAdapter, layers: nn.ModuleList) -> Iterator[list[LayerCapture]]:
+    """Record every layer's values at the query position during a with-context forward."""
+    caps = [LayerCapture() for _ in layers]
     handles = []
 
     def keep_in(cap):
         def hook(_m, args, kwargs):
-            if active is None or active():
-                cap.values["x_in"] = last_position(args[0] if args else kwargs["hidden_states"])
+            cap.values["x_in"] = last_position(args[0] if args else kwargs["hidden_states"])
 
         return hook
 
-    def keep_out(cap, index):
+    def keep_out(cap):
         def hook(_m, _args, _kwargs, output):
-            if active is None or active():
-                cap.values["out"] = last_position(first_output(output))
-                if relay is not None:
-                    relay.context_layer_done(index)
+            cap.values["out"] = last_position(first_output(output))
 
         return hook
 
-    for index, (layer, cap) in enumerate(zip(layers, caps, strict=True)):
+    for layer, cap in zip(layers, caps, strict=True):
         handles += [layer.register_forward_pre_hook(keep_in(cap), with_kwargs=True),
-                    layer.register_forward_hook(keep_out(cap, index), with_kwargs=True)]
-        handles += register_captures(adapter, layer, cap.values, active=active)
+                    layer.register_forward_hook(keep_out(cap), with_kwargs=True)]
+        handles += register_captures(adapter, layer, cap.values)
     try:
         yield caps
     finally:

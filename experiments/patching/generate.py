@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from experiments.patching.interleave import interleaved_step
 from experiments.patching.patcher import PatchedPass, Patcher
 
 
@@ -134,12 +133,12 @@ class GeneratedToken:
 
     step: int
     token_id: int
-    context_ms: float | None  # the with-context decoder body, KV-cached: the targets only (None: interleaved)
-    patch_ms: float  # the patches and the patched forward (interleaved: both passes)
+    context_ms: float  # the with-context decoder body, KV-cached: the targets only
+    patch_ms: float  # the patches and the patched forward
 
     @property
     def ms(self) -> float:
-        return (self.context_ms or 0.0) + self.patch_ms
+        return self.context_ms + self.patch_ms
 
 
 def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
@@ -148,23 +147,16 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
     """Generation by the patched model alone: each token is the patched model's choice, and the query of
     the next step. The with-context pass runs only to give the per-layer targets and to extend its cache
     with that token, so it stops before the LM head (its logits are not needed). Greedy, this emits the
-    tokens of the model's own greedy generation with the context wherever the patch is exact. On the CPU
-    the two passes run layer by layer (`interleave.py`; `Patcher.interleaves`), the same bits."""
+    tokens of the model's own greedy generation with the context wherever the patch is exact."""
     ids = inputs["input_ids"]
     cache, query = _prefill_context(patcher, inputs)
-    interleave = getattr(patcher, "interleaves", False)
     for step in range(max_new_tokens):
         t0 = _now()
-        if interleave:  # layer by layer (interleave.py): one time for both
-            patched, cache = interleaved_step(patcher, query, cache)
-            context_ms, patch_ms = None, _ms(t0)
-        else:
-            _, caps, cache = patcher.context_step({"input_ids": query}, cache, logits=False)
-            context_ms = _ms(t0)
-            t0 = _now()
-            patched = patcher.patched_pass(query, caps)
-            patch_ms = _ms(t0)
-        token = choose(patched.logits)
+        _, caps, cache = patcher.context_step({"input_ids": query}, cache, logits=False)
+        context_ms = _ms(t0)
+        t0 = _now()
+        token = choose(patcher.patched_pass(query, caps).logits)
+        patch_ms = _ms(t0)
         yield GeneratedToken(step, token, context_ms, patch_ms)
         if stop_ids and token in stop_ids:
             break

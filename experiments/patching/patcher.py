@@ -106,15 +106,6 @@ class Patcher:
         self.layer_names = [names[id(layer)] for layer in self.layers]
         self._inside = False
 
-    @property
-    def interleaves(self) -> bool:
-        """Patched generation runs the with-context and the patched layer back to back (`interleave.py`):
-        on the CPU, where they then share the cache's copy of the layer's weights."""
-        return next(self.lm.parameters()).device.type == "cpu"
-
-    def new_captures(self) -> list[LayerCapture]:
-        return [LayerCapture() for _ in self.layers]
-
     # -- the with-context side ----------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, inputs: dict):
@@ -122,14 +113,12 @@ class Patcher:
 
     @torch.no_grad()
     def context_step(
-        self, inputs: dict, cache, logits: bool = True, captures: list[LayerCapture] | None = None, relay=None
+        self, inputs: dict, cache, logits: bool = True
     ) -> tuple[Tensor | None, list[LayerCapture], object]:
         """The with-context forward of the newest token(s) on top of `cache`: (logits, captures, cache).
         `logits=False` runs the decoder body alone (no final norm's logits, no LM head: None), for when
-        only the per-layer targets are needed; the captures are the same bits. `captures` and `relay`:
-        the interleaved step (`interleave.py`) runs this on a helper thread, layer by layer with the
-        patched pass."""
-        with capture_context(self.adapter, self.layers, captures, relay) as caps:
+        only the per-layer targets are needed; the captures are the same bits."""
+        with capture_context(self.adapter, self.layers) as caps:
             if not logits:
                 name = _cache_name(self.lm)
                 return None, caps, getattr(self.lm(**inputs, **{name: cache}, use_cache=True), name)
@@ -161,17 +150,14 @@ class Patcher:
 
     # -- the patched side ---------------------------------------------------------------------------
     @torch.no_grad()
-    def patched_pass(self, query: Tensor, caps: list[LayerCapture], keep: dict | None = None,
-                     relay=None) -> PatchedPass:
+    def patched_pass(self, query: Tensor, caps: list[LayerCapture], keep: dict | None = None) -> PatchedPass:
         """The model's forward of the query token alone, every layer patched on the fly (see module doc).
-        With `keep`, the patched tensors are also copied into it under their full parameter names. With a
-        `relay`, `caps` are filled by the with-context pass running beside it (`interleave.py`): layer l
-        waits for its targets, and hands the turn back once it has run."""
+        With `keep`, the patched tensors are also copied into it under their full parameter names."""
         result = PatchedPass(logits=None, hidden_linf=[], hidden_rel=[])
         originals = []
         for index, layer in enumerate(self.layers):
             originals.append(layer)
-            layer.forward = self._intercept(index, layer, caps[index], result, keep, relay)
+            layer.forward = self._intercept(index, layer, caps[index], result, keep)
         try:
             out = self.model(input_ids=query.view(1, 1), use_cache=False)
         finally:
@@ -180,24 +166,17 @@ class Patcher:
         result.logits = out.logits[0, -1].float()
         return result
 
-    def _intercept(self, index, layer, cap, result, keep, relay=None):
+    def _intercept(self, index, layer, cap, result, keep):
         own_forward = type(layer).forward
 
         def forward(*args, **kwargs):
-            if relay is not None and relay.on_context_thread():  # the with-context pass beside this one
-                return own_forward(layer, *args, **kwargs)
             if self._inside:  # a call made by the patching itself: the layer's own forward
                 return own_forward(layer, *args, **kwargs)
-            if relay is not None:
-                relay.await_context_layer(index)
             self._inside = True
             try:
-                output = self._patch_and_run(index, layer, cap, args, kwargs, result, keep)
+                return self._patch_and_run(index, layer, cap, args, kwargs, result, keep)
             finally:
                 self._inside = False
-            if relay is not None:  # not after a failure: the with-context pass then stops at this layer
-                relay.patched_layer_done(index)
-            return output
 
         return forward
 
