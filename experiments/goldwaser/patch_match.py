@@ -194,7 +194,7 @@ def weights_origin(model: str) -> str:
         return "random weights (offline)"
     if model in REAL_OFFLINE_MODELS:
         return "trained weights (offline, from the package registry)"
-    return "trained weights" if not Path(model).expanduser().exists() else "weights from a local folder"
+    return "weights from the hub" if not Path(model).expanduser().exists() else "weights from a local folder"
 
 
 def describe_model(patcher) -> str:

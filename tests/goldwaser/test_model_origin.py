@@ -19,7 +19,7 @@ def _ctx(tmp_path, passed: bool) -> RunContext:
 def test_weights_origin_tells_random_from_trained():
     assert weights_origin("tiny-gemma3").startswith("random weights")
     assert weights_origin("gemma-3-270m").startswith("trained weights")
-    assert weights_origin("google/gemma-3-1b-it") == "trained weights"
+    assert weights_origin("google/gemma-3-1b-it") == "weights from the hub"
 
 
 def test_a_failed_claim_on_random_weights_is_flagged(tmp_path):
