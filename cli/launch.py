@@ -4,12 +4,15 @@ folder exists), picks the run folder and hands argv to Hydra's own entry point."
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import typer
 
 from cli.output import err_console, fail, unique_stamp
+from experiments.core.errors import UserError
 
 
 def launch(name: str, overrides: list[str], multirun: bool = False) -> Path | None:
@@ -41,8 +44,7 @@ def _interrupted_at_start(started: dict, multirun: bool) -> None:
 
 def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> Path:
     """Check the command line, choose the run folder, hand over to Hydra; the run folder once it is done."""
-    from cli.overrides import check_writable, validate
-    from experiments.core.errors import UserError
+    from cli.overrides import validate
 
     try:
         cfg = validate(name, overrides, multirun=multirun)
@@ -96,3 +98,32 @@ def _hydra_flags(args: list[str]) -> list[str]:
                 i += 1
         i += 1
     return flags
+
+
+def check_writable(folder: str | os.PathLike) -> None:
+    """The output folder must be a folder this process can make and write a file in. Tried for real
+    (os.access says yes for root on /proc and /sys); whatever the try made is removed again."""
+    path = Path(folder).expanduser().absolute()
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"cannot write the output folder {path}: {probe} is not a folder")
+    if path.exists() and any(path.iterdir()) and (path / "run.json").exists():
+        raise UserError(f"{path} already holds a run; choose another hydra.run.dir")
+    made_here = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".icl-exp-write-check.", dir=path)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as err:
+        raise UserError(f"cannot write the output folder {path}: {err.strerror or err}") from None
+    finally:  # remove the run folder the try made (if empty). Parents it made stay: the run uses them
+        if made_here:  # next, and removing them could race with a run started beside this one
+            try:
+                path.rmdir()
+            except OSError:
+                pass

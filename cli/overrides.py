@@ -2,9 +2,9 @@
 no half-made run folder behind.
 
 Unknown keys and ill-typed values are caught by composing the config (the experiment's schema,
-experiments/<paper>/schema.py, types its keys) and worded by cli/config_errors.py. An experiment
-without a schema yet is checked by comparing each override with the type of the value it replaces
-(Hydra alone would silently turn `seed=abc` into a string). Sweeps are expanded and every
+experiments/<paper>/schema.py, types its keys) and worded by cli/config_errors.py. What composition
+cannot see is checked here: a sweep without -m, a group option or launcher that is not there, `--flags`,
+a misspelt offline model, and each experiment's own validate(). Sweeps are expanded and every
 combination is checked.
 """
 
@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from cli.config_errors import composition_error, first_line, known_keys_hint, leaf_keys, omegaconf_cause
 from experiments.core import registry
-from experiments.core.config_schema import register_schemas
+from experiments.core.config_schema import DEVICES, register_schemas
 from experiments.core.errors import UserError
 
 MAX_COMBINATIONS_CHECKED = 64
@@ -45,25 +41,25 @@ def _is_group(key: str) -> bool:
     return key.startswith("hydra/") or (registry.CONF_DIR / key).is_dir()
 
 
-def _type_error(key: str, ref: Any, value: Any) -> str | None:
-    """Why `value` can't replace `ref`, or None when it can."""
-    if ref is None or value is None:
-        return None
-    want: str | None = None
-    if isinstance(ref, bool):
-        ok, want = isinstance(value, bool), "true or false"
-    elif isinstance(ref, int):
-        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    elif isinstance(ref, float):
-        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-    elif isinstance(ref, (list, ListConfig)):
-        ok, want = isinstance(value, (list, ListConfig)), "a list like [a,b]"
-    elif isinstance(ref, (dict, DictConfig)):
-        ok, want = isinstance(value, (dict, DictConfig)), "a mapping like {a:1}"
-    else:  # strings accept any scalar: `prompt=2024` is still a prompt
-        ok = not isinstance(value, (list, dict, ListConfig, DictConfig))
-        want = "a single value"
-    return None if ok else f"{key}={value!r} is ill-typed: expected {want}"
+def _check_schema_covers(name: str, cfg: DictConfig) -> None:
+    """Every experiment has a schema (experiments/<paper>/schema.py), so composing typed its values; one
+    without would let `seed=abc` through as a string. A developer's error, said as one."""
+    if OmegaConf.get_type(cfg) in (None, dict):
+        raise UserError(f"experiment {name} has no typed schema: add its keys to experiments/<paper>/schema.py "
+                        f"(register(store)), as every other experiment does")
+
+
+def _check_device(cfg: DictConfig) -> None:
+    """`device=` is a string in the schema (cuda:N is not an Enum member); CUDA asked for on a machine
+    without it is said before any run folder. Torch is imported only for a cuda device."""
+    device = str(cfg.get("device", "auto")).lower()
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise UserError(f"device={cfg.device!r} is not one of {', '.join(DEVICES)}")
+    if device.startswith("cuda"):
+        from experiments.core.runtime import launched_elsewhere, resolve_device  # torch: 1.5 s
+
+        if not launched_elsewhere(cfg):
+            resolve_device(device)
 
 
 def _expand(parsed: list[Override]) -> list[list[str]]:
@@ -82,38 +78,6 @@ def _expand(parsed: list[Override]) -> list[list[str]]:
             options.append([o.input_line])
     combos = itertools.islice(itertools.product(*options), MAX_COMBINATIONS_CHECKED)
     return [list(c) for c in combos]
-
-
-def _check_values(cfg: DictConfig, parsed: list[Override], reference: Callable[[], DictConfig],
-                  free_form: tuple[str, ...]) -> None:
-    # An experiment with a schema (experiments/<paper>/schema.py) had its values typed while composing;
-    # the others are compared with the type of the value each override replaces, until they have one.
-    typed = OmegaConf.get_type(cfg) not in (None, dict)
-    ref = None if typed else reference()
-    for o in parsed if not typed else ():
-        key = o.key_or_group
-        if o.is_delete() or o.is_add() or o.is_force_add() or key.startswith("hydra") or _is_group(key):
-            continue
-        if key in free_form:
-            continue  # the experiment's validate() checks it
-        if o.is_sweep_override():
-            continue  # checked in the expanded combinations
-        value = o.value()
-        if OmegaConf.select(ref, key, default="__missing__") == "__missing__":
-            continue  # compose already refused unknown keys; this is a key the preset adds
-        problem = _type_error(key, OmegaConf.select(ref, key), value)
-        if problem:
-            raise UserError(problem)
-    from experiments.core.runtime import DEVICES, DTYPES, launched_elsewhere, resolve_device  # torch: 1.5 s
-
-    dtype = str(cfg.get("dtype", "float32")).lower()
-    if dtype not in DTYPES:
-        raise UserError(f"dtype={cfg.dtype!r} is not one of {', '.join(DTYPES)}")
-    device = str(cfg.get("device", "auto")).lower()
-    if device not in DEVICES and not device.startswith("cuda:"):
-        raise UserError(f"device={cfg.device!r} is not one of {', '.join(DEVICES)}")
-    if device.startswith("cuda") and not launched_elsewhere(cfg):
-        resolve_device(device)  # CUDA asked for on a machine without it: say so before any run folder
 
 
 def _group_options(group: str) -> list[str]:
@@ -283,49 +247,18 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
     configs = []
     for combo in _expand(parsed):
         try:
-            configs.append((combo, _compose([f"experiment={name}", *combo])))
+            configs.append(_compose([f"experiment={name}", *combo]))
         except HydraException as err:
             known = reference() if isinstance(omegaconf_cause(err), (ConfigKeyError, ConfigAttributeError)) else None
             raise UserError(composition_error(err, name, keys, known)) from None
-    cfg = None
-    for combo, cfg in configs:
-        combo_parsed = OverridesParser.create().parse_overrides(combo)
-        exp = registry.get(name)
-        _check_values(cfg, combo_parsed, reference, exp.free_form_keys)
+    exp = registry.get(name)
+    for cfg in configs:
+        _check_schema_covers(name, cfg)
+        _check_device(cfg)
         _check_threads(cfg)
         _check_model_name(cfg)
         if exp.validate is not None:
             exp.validate(cfg)
-    if cfg is None:
-        cfg = reference()
+    cfg = configs[-1] if configs else reference()
     GlobalHydra.instance().clear()
     return cfg
-
-
-def check_writable(folder: str | os.PathLike) -> None:
-    """The output folder must be a folder this process can make and write a file in. Tried for real
-    (os.access says yes for root on /proc and /sys); whatever the try made is removed again."""
-    path = Path(folder).expanduser().absolute()
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UserError(f"cannot write the output folder {path}: {probe} is not a folder")
-    if path.exists() and any(path.iterdir()) and (path / "run.json").exists():
-        raise UserError(f"{path} already holds a run; choose another hydra.run.dir")
-    made_here = not path.exists()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".icl-exp-write-check.", dir=path)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as err:
-        raise UserError(f"cannot write the output folder {path}: {err.strerror or err}") from None
-    finally:  # remove the run folder the try made (if empty). Parents it made stay: the run uses them
-        if made_here:  # next, and removing them could race with a run started beside this one
-            try:
-                path.rmdir()
-            except OSError:
-                pass

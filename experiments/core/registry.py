@@ -38,9 +38,6 @@ class Experiment:
     run: Callable[[DictConfig, object], None]  # run(cfg, ctx: RunContext)
     plot: Callable[[pd.DataFrame, Path], list[Path]]  # plot(metrics, figures_dir) -> files written
     validate: Callable[[DictConfig], None] | None = None  # raise UserError on bad config, before a run
-    # keys that take more than one type (e.g. a list or a file path); `validate` checks them, the
-    # generic "same type as the default" check of the command line skips them
-    free_form_keys: tuple[str, ...] = ()
     # experiments whose run folder this one takes as `checkpoint=` (it loads their trained model instead of
     # training one): `icl-exp reproduce` runs them first and passes their folder
     needs: tuple[str, ...] = ()

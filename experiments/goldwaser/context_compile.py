@@ -156,5 +156,4 @@ EXPERIMENT = Experiment(
     run=run,
     plot=plot,
     validate=validate,
-    free_form_keys=("prompts", "sweep", "stop_at_eos"),
 )

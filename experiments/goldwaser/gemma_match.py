@@ -20,5 +20,4 @@ EXPERIMENT = Experiment(
     run=run,
     plot=plot,
     validate=validate,
-    free_form_keys=("prompts",),  # a list of prompts, or a text file with one prompt a line
 )

@@ -174,5 +174,4 @@ EXPERIMENT = Experiment(
     run=run,
     plot=plot,
     validate=validate,
-    free_form_keys=("prompts", "dtypes", "variants", "delta_rel"),
 )

@@ -180,3 +180,15 @@ def test_free_form_key_is_checked_by_the_experiment(icl_inprocess, tmp_path):
                          f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(proc, "none.txt", "no such file")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", registry.experiment_names())
+def test_every_experiment_is_typed(name):
+    """Each experiment's config composes onto its schema (experiments/<paper>/schema.py), so no key can
+    take an ill-typed value silently; the CLI keeps no type check of its own."""
+    from omegaconf import OmegaConf
+
+    from cli.overrides import _compose
+
+    cfg = _compose([f"experiment={name}", "preset=smoke"])
+    assert OmegaConf.get_type(cfg) not in (None, dict), f"{name} has no schema"

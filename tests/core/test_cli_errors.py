@@ -37,7 +37,7 @@ def test_output_folder_that_cannot_be_made(icl_inprocess, folder):
 
 def test_output_folder_probe_leaves_no_run_folder(tmp_path):
     """A writable folder passes the check, which leaves no run folder behind."""
-    from cli.overrides import check_writable
+    from cli.launch import check_writable
 
     target = tmp_path / "a" / "b" / "run"
     check_writable(target)
