@@ -79,3 +79,13 @@ def register_schemas() -> None:
         name = f"experiments.{package}.schema"
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name).register(store)
+
+
+def node_values(node, schema: type) -> dict:
+    """A config node's values for the fields of `schema` (a dataclass), as keyword arguments: how a
+    settings class built on its schema node (gpt/train.py's and dherin/training.py's TrainSettings) is
+    made from the config, without copying it field by field. Keys the node lacks are left to the class."""
+    from omegaconf import OmegaConf
+
+    values = OmegaConf.to_container(node, resolve=True)
+    return {f.name: values[f.name] for f in dataclasses.fields(schema) if f.name in values}

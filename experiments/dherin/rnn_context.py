@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.core.config_schema import node_values
 from experiments.core.errors import UserError
 from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
 from experiments.core.progress import progress
@@ -39,6 +40,7 @@ from experiments.dherin.models.linreg import ContextualBlock
 from experiments.dherin.models.rnn import rnn_block
 from experiments.dherin.pretrained import build_model as build_attention_block
 from experiments.dherin.pretrained import load_checkpoint, predictions, validation_losses
+from experiments.dherin.schema import LinregTrain
 from experiments.dherin.training import TrainSettings, claim_losses_agree, train, train_validated
 
 SOURCE = "Dherin App. D.1 Fig 6"
@@ -64,9 +66,8 @@ def attention_model(cfg: DictConfig, ctx: RunContext) -> tuple[ContextualBlock, 
     torch.manual_seed(cfg.seed)
     model = build_attention_block(built).to(ctx.device, ctx.dtype)
     init = copy.deepcopy(model).eval()
-    t = a.train
-    settings = TrainSettings(steps=t.steps, batch_size=t.batch_size, lr=t.lr, eval_every=t.steps,
-                             n_examples=cfg.task.n_examples, d=cfg.task.d, grad_clip=t.grad_clip)
+    settings = TrainSettings(**node_values(a.train, LinregTrain), eval_every=a.train.steps,
+                             n_examples=cfg.task.n_examples, d=cfg.task.d)
     train(model, settings, torch.Generator().manual_seed(cfg.seed + 1), ctx.device, ctx.dtype,
           lambda step, loss: None, lambda step: None)
     return model.eval(), "trained here", init

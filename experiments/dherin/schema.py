@@ -32,13 +32,14 @@ class LinregModel:
 
 @dataclass
 class LinregTrain:
-    """The keys experiments/dherin/training.py's TrainSettings is built from."""
+    """The `train:` node, and the base of experiments/dherin/training.py's TrainSettings (which adds the
+    task's shape): one declaration of the loop's knobs. Defaults only where the loop has one."""
 
     steps: int = MISSING
     batch_size: int = MISSING
     lr: float = MISSING
-    weight_decay: float = MISSING
-    grad_clip: float | None = MISSING
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0  # gradient-norm clip; null: none
     eval_every: int = MISSING
 
 

@@ -13,23 +13,21 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from experiments.core.config_schema import node_values
 from experiments.core.progress import progress
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.data.linreg import LinRegBatch, sample_prompts
 from experiments.dherin.models.linreg import predict_query
+from experiments.dherin.schema import LinregTrain
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    steps: int
-    batch_size: int
-    lr: float
-    eval_every: int
+@dataclass(kw_only=True)
+class TrainSettings(LinregTrain):
+    """The loop's settings: the config's `train:` node (its schema, LinregTrain) and the task's shape."""
+
     n_examples: int
     d: int
-    weight_decay: float = 0.0
-    grad_clip: float | None = 1.0
 
 
 def regression_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -62,10 +60,7 @@ def train(model: nn.Module, s: TrainSettings, generator: torch.Generator, device
 
 
 def train_settings(cfg: DictConfig) -> TrainSettings:
-    t = cfg.train
-    return TrainSettings(steps=t.steps, batch_size=t.batch_size, lr=t.lr, eval_every=t.eval_every,
-                         n_examples=cfg.task.n_examples, d=cfg.task.d, weight_decay=t.weight_decay,
-                         grad_clip=t.grad_clip)
+    return TrainSettings(**node_values(cfg.train, LinregTrain), n_examples=cfg.task.n_examples, d=cfg.task.d)
 
 
 def validation_set(cfg: DictConfig, device, dtype) -> LinRegBatch:

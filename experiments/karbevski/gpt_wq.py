@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from experiments.core import distributed
+from experiments.core.config_schema import node_values
 from experiments.core.errors import UserError
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
@@ -34,6 +35,7 @@ from experiments.karbevski.gpt.params import count_formula, count_meta
 from experiments.karbevski.gpt.plots import plot
 from experiments.karbevski.gpt.train import LoopState, TrainSettings, make_optimizer, precision, train
 from experiments.karbevski.gpt.variants import VARIANTS, model_config
+from experiments.karbevski.schema import GptTrain
 
 REF = "Karbevski & Mijoski §5.1, Table 2"
 PAPER_SHAPE = GPTConfig()  # 12 layers, 12 heads, d_model 768, T 1024, vocabulary 50 304
@@ -50,16 +52,13 @@ def variant_names(cfg: DictConfig) -> list[str]:
 
 
 def settings(cfg: DictConfig, variant_name: str) -> TrainSettings:
-    t = cfg.train
+    """This rank's training loop: cfg.train with grad_accum split over the ranks and the variant's weight
+    decay where the config leaves it null."""
+    node = node_values(cfg.train, GptTrain)
     world = distributed.info().world_size
-    wd = VARIANTS[variant_name].weight_decay if t.weight_decay is None else float(t.weight_decay)
-    return TrainSettings(steps=int(t.steps), micro_batch=int(t.micro_batch), grad_accum=int(t.grad_accum) // world,
-                         lr=float(t.lr), min_lr=float(t.min_lr), warmup_steps=int(t.warmup_steps),
-                         decay_steps=int(t.decay_steps or t.steps), weight_decay=wd, beta1=float(t.beta1),
-                         beta2=float(t.beta2), grad_clip=float(t.grad_clip), eval_every=int(t.eval_every),
-                         eval_batch=int(t.eval_batch), log_every=int(t.log_every),
-                         checkpoint_every=int(t.checkpoint_every), seed=int(cfg.seed), compile=bool(t.compile),
-                         amp=amp_dtype(cfg))
+    wd = VARIANTS[variant_name].weight_decay if node["weight_decay"] is None else node["weight_decay"]
+    return TrainSettings(**node | {"grad_accum": node["grad_accum"] // world, "weight_decay": wd},
+                         seed=int(cfg.seed), amp=amp_dtype(cfg))
 
 
 def amp_dtype(cfg: DictConfig) -> torch.dtype | None:

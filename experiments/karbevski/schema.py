@@ -39,28 +39,30 @@ class GptShape:
 
 @dataclass
 class GptTrain:
-    """The config side of gpt/train.py's TrainSettings (gpt_wq.settings turns it into one: per-rank
-    grad_accum, decay over train.steps when decay_steps is null, the variant's weight decay when
-    weight_decay is null); val_windows and val_seed choose the validation set."""
+    """The `train:` node, and the base of gpt/train.py's TrainSettings: one declaration of the loop's
+    knobs. gpt_wq.settings makes a rank's TrainSettings from it (grad_accum per rank, the variant's weight
+    decay when weight_decay is null); decay_steps null decays over `steps`. val_windows and val_seed
+    choose the validation set (gpt_wq reads them, the loop does not). Defaults are nanoGPT's, for
+    settings built by hand (tests, benchmarks); the yaml gives every key."""
 
     steps: int = MISSING
-    micro_batch: int = MISSING
-    grad_accum: int = MISSING
+    micro_batch: int = MISSING  # sequences per forward pass per rank
+    grad_accum: int = MISSING  # micro-batches per optimizer step (in the config: over all ranks)
     lr: float = MISSING
     min_lr: float = MISSING
     warmup_steps: int = MISSING
-    decay_steps: int | None = MISSING
-    weight_decay: float | None = MISSING
-    beta1: float = MISSING
-    beta2: float = MISSING
-    grad_clip: float = MISSING
-    eval_every: int = MISSING
-    val_windows: int = MISSING
-    val_seed: int = MISSING
-    eval_batch: int = MISSING
-    log_every: int = MISSING
-    checkpoint_every: int = MISSING
-    compile: bool = MISSING
+    decay_steps: int | None = None  # cosine horizon; past it the lr stays at min_lr; null: steps
+    weight_decay: float | None = None  # null: the variant's
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 1000
+    val_windows: int = 2400
+    val_seed: int = 1234
+    eval_batch: int = 8
+    log_every: int = 10
+    checkpoint_every: int = 1000
+    compile: bool = False
 
 
 @dataclass

@@ -24,28 +24,22 @@ from torch import nn
 from experiments.core import distributed
 from experiments.data.token_bins import random_batch, windows_to_batch
 from experiments.karbevski.gpt.model import param_groups
+from experiments.karbevski.schema import GptTrain
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    steps: int
-    micro_batch: int  # sequences per forward pass per rank
-    grad_accum: int  # micro-batches per optimizer step per rank
-    lr: float
-    min_lr: float
-    warmup_steps: int
-    decay_steps: int  # cosine horizon; past it the lr stays at min_lr
-    weight_decay: float
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    eval_every: int = 1000
-    eval_batch: int = 8
-    log_every: int = 10
-    checkpoint_every: int = 1000
+@dataclass(kw_only=True)
+class TrainSettings(GptTrain):
+    """One rank's training loop: gpt_wq's `train:` node (its schema, GptTrain) as gpt_wq.settings resolves
+    it for this rank, and what the run decides (seed, autocast dtype)."""
+
     seed: int = 0
-    compile: bool = False
     amp: torch.dtype | None = None  # bfloat16: autocast (float32 weights); None: float32 throughout
+
+    def __post_init__(self) -> None:
+        if self.decay_steps is None:  # the node's null: decay over the run
+            self.decay_steps = self.steps
+        if self.weight_decay is None:
+            raise ValueError("weight_decay is null: gpt_wq.settings gives the variant's")
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
