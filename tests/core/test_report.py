@@ -225,3 +225,14 @@ def test_smoke_failures_are_expected_and_a_sweep_claim_is_shown_once(tmp_path):
     assert rep.n_failed_claims == 1 and "**FAIL** (1 of 2 jobs)" in render_markdown(rep)
     proc = run_cli("report", str(cpu), "--strict")
     assert proc.returncode == 1 and "1 claim(s) failed" in proc.stdout
+
+
+def test_a_sweeps_jobs_are_in_numeric_order():
+    """Job 2 of a sweep is listed before job 10 (a path sort would put 10, 11, ... first)."""
+    from pathlib import Path
+
+    from experiments.core.report.runs import path_order
+
+    jobs = [Path(f"patch_match/sweep/{n}/run.json") for n in (10, 2, 0, 11, 1)]
+    assert [p.parts[2] for p in sorted(jobs, key=path_order)] == ["0", "1", "2", "10", "11"]
+    assert sorted([Path("b/1"), Path("a/2"), Path("a/10")], key=path_order) == [Path("a/2"), Path("a/10"), Path("b/1")]

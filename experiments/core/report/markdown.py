@@ -4,7 +4,7 @@ run, and links to the figures. Plain Markdown, so it reads in a terminal and ren
 from __future__ import annotations
 
 from experiments.core.report.collect import Report
-from experiments.core.report.runs import rel
+from experiments.core.report.runs import path_order, rel
 from experiments.core.report.text import (
     CLAIM_HEADER,
     claim_cells,
@@ -31,7 +31,7 @@ def runs_table(report: Report, package: str) -> list[str]:
     if not runs:
         return []
     lines = ["| Experiment | Run | Preset | Device | Wall | Claims |", "|---|---|---|---|---|---|"]
-    for r in sorted(runs, key=lambda r: (r.experiment, str(r.path))):
+    for r in sorted(runs, key=lambda r: (r.experiment, path_order(r.path))):
         wall = r.record.get("wall_time_s")
         claims = f"{r.record.get('claims_passed', '')}/{r.record.get('claims_total', '')}"
         lines.append(f"| {r.experiment} | {md_cell(rel(r.path, report.root))} | {r.preset} | "

@@ -47,10 +47,15 @@ def rel(path: Path, root: Path) -> str:
         return str(path)
 
 
+def path_order(path: Path) -> tuple:
+    """Sort key that puts a sweep's job 2 before its job 10: numeric parts compare as numbers."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.parts)
+
+
 def find_runs(root: Path, problems: list[str]) -> list[Run]:
     """Every run folder under `root` (run.json next to it), with its sweep if its parent is a multirun."""
     runs = []
-    for run_json in sorted(root.rglob(RUN_FILE)):
+    for run_json in sorted(root.rglob(RUN_FILE), key=path_order):
         if ".hydra" in run_json.parts:
             continue
         folder = run_json.parent
