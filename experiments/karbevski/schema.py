@@ -42,8 +42,8 @@ class GptTrain:
     """The `train:` node, and the base of gpt/train.py's TrainSettings: one declaration of the loop's
     knobs. gpt_wq.settings makes a rank's TrainSettings from it (grad_accum per rank, the variant's weight
     decay when weight_decay is null); decay_steps null decays over `steps`. val_windows and val_seed
-    choose the validation set (gpt_wq reads them, the loop does not). Defaults are nanoGPT's, for
-    settings built by hand (tests, benchmarks); the yaml gives every key."""
+    choose the validation set (gpt_wq reads them, the loop does not). The loop's knobs default to
+    nanoGPT's values, for settings built by hand (tests, benchmarks); the yaml gives every key."""
 
     steps: int = MISSING
     micro_batch: int = MISSING  # sequences per forward pass per rank
@@ -57,8 +57,8 @@ class GptTrain:
     beta2: float = 0.95
     grad_clip: float = 1.0
     eval_every: int = 1000
-    val_windows: int = 2400
-    val_seed: int = 1234
+    val_windows: int = MISSING  # no default: only gpt_wq reads them, from the config
+    val_seed: int = MISSING
     eval_batch: int = 8
     log_every: int = 10
     checkpoint_every: int = 1000
