@@ -55,8 +55,9 @@ def reply_with_context(model, inputs: dict, max_new: int, stop_ids: set[int],
     cache = patcher.prefill({"input_ids": ids[:, :-1]}) if ids.shape[1] > 1 else None
     query, tokens = ids[:, -1:], []
     for _ in range(max_new):
-        logits, _, cache = patcher.context_step({"input_ids": query}, cache)
-        tokens.append(int(logits.argmax()))
+        step = patcher.context_step({"input_ids": query}, cache)
+        cache = step.cache
+        tokens.append(int(step.logits.argmax()))
         if tokens[-1] in stop_ids:
             break
         query = torch.tensor([[tokens[-1]]], device=ids.device)

@@ -33,7 +33,7 @@ from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
 from experiments.goldwaser.layer_errors_claims import check_claims
 from experiments.goldwaser.layer_errors_plot import plot
-from experiments.patching.arch import VARIANTS
+from experiments.patching.variants import VARIANTS
 
 DTYPES = ("float32", "float64")
 
@@ -55,11 +55,12 @@ def _names(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> list[str]:
 def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists, the model's architecture and variants included."""
     from experiments.core.runtime import resolve_device, resolve_dtype
-    from experiments.patching.arch import adapter_for, check_variant
+    from experiments.patching.arch import adapter_for
+    from experiments.patching.variants import check_variant
     from experiments.zoo.loading import check_model
 
     dtypes = _names(cfg, "dtypes", DTYPES)
-    variants = _names(cfg, "variants", VARIANTS)
+    variants = _names(cfg, "variants", tuple(VARIANTS))
     require_positive(cfg, "max_new_tokens")
     prompts = cfg.get("prompts")
     if not isinstance(prompts, (list, ListConfig)) or not prompts or not all(str(p).strip() for p in prompts):
@@ -86,7 +87,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.threads import threads_for
 
     validate(cfg)
-    dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", VARIANTS)
+    dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", tuple(VARIANTS))
     prompts, n_tokens = [str(p) for p in cfg.prompts], int(cfg.max_new_tokens)
     total = len(dtypes) * len(variants) * len(prompts) * n_tokens
     with progress(total, ctx.experiment) as bar:
@@ -122,10 +123,11 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
     prefix = {k: v[:, :-1] for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
     cache, query = (patcher.prefill(prefix) if ids.shape[1] > 1 else None), ids[:, -1:]
     for step in range(n_tokens):
-        context, caps, cache = patcher.context_step({"input_ids": query}, cache)
+        ctx = patcher.context_step({"input_ids": query}, cache)
+        context, cache = ctx.logits, ctx.cache
         keep: dict = {}
-        patched = patcher.patched_pass(query, caps, keep=keep)
-        gains = layer_gains(patcher, query, caps, keep, delta_rel, torch.Generator().manual_seed(seed + step))
+        patched = patcher.patched_pass(query, ctx, keep=keep)
+        gains = layer_gains(patcher, query, ctx.targets, keep, delta_rel, torch.Generator().manual_seed(seed + step))
         if (key, step) not in original_sensitivity:
             original_sensitivity[key, step] = one_ulp_sensitivity(model, query)
         yield dict(step=step, token_id=int(query.view(-1)[0]), patched=patched, gains=gains,

@@ -14,17 +14,10 @@ from typing import Any
 from omegaconf import MISSING
 
 from experiments.core.config_schema import GROUP, experiment_schema
+from experiments.patching.variants import VARIANTS
 
-
-class PatchVariant(StrEnum):
-    """experiments/patching/arch's VARIANTS, in its order (tests/goldwaser/test_goldwaser_schema.py
-    keeps them equal)."""
-
-    naive = "naive"
-    stable = "stable"
-    conditioned = "conditioned"
-    closed_loop = "closed_loop"
-    closed_loop_scale = "closed_loop_scale"
+# experiments/patching/variants.py's VARIANTS, in its order: the registry is the one list of names (torch-free)
+PatchVariant = StrEnum("PatchVariant", {name: name for name in VARIANTS})
 
 
 @dataclass
@@ -46,7 +39,7 @@ class PatchMatch:
 @dataclass
 class PatchExport:
     model: str = MISSING
-    variant: PatchVariant = MISSING
+    variant: PatchVariant | None = MISSING  # None: patching/variants.export_default for the model's family
     prompt: str = MISSING
     chat_template: bool = MISSING
     out: str | None = MISSING  # the run folder (the CLI sets hydra.run.dir from it)

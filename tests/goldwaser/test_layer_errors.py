@@ -88,7 +88,7 @@ def _query_and_caps(model, variant: str):
     patcher = Patcher(model, variant)
     ids = torch.tensor([[2, 40, 50, 60, 70, 80]])
     cache = patcher.prefill({"input_ids": ids[:, :-1]})
-    _, caps, _ = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
+    caps = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
     return patcher, ids[:, -1:], caps
 
 
@@ -101,7 +101,7 @@ def test_a_layers_gain_by_finite_difference_matches_its_jacobian(tiny64, variant
     patcher.patched_pass(query, caps, keep=keep)
     calls = layer_calls(tiny64, patcher.layers, query)
     g = torch.Generator().manual_seed(1)
-    for index, (call, cap) in enumerate(zip(calls, caps, strict=True)):
+    for index, (call, cap) in enumerate(zip(calls, caps.targets, strict=True)):
         prefix = patcher.layer_names[index] + "."
         params = {k[len(prefix):]: t for k, t in keep.items() if k.startswith(prefix)}
         x = cap.x_in
@@ -231,7 +231,7 @@ def test_real_gemma_float64_closed_loop_exact_and_open_loop_error_grows():
     for variant in ("naive", "closed_loop"):
         patcher = Patcher(bundle.model, variant)
         cache = patcher.prefill({"input_ids": ids[:, :-1]})
-        _, caps, _ = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
+        caps = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
         errors = patcher.patched_pass(ids[:, -1:], caps).hidden_rel
         rows += [dict(metric="hidden_rel", value=e, layer=i, dtype="float64", variant=variant, prompt=0, token=0)
                  for i, e in enumerate(errors)]

@@ -85,7 +85,7 @@ def test_the_open_loop_holds_once_eq4_divides_by_plus_minus_one(gemma32, gemma64
 def test_closed_loop_float32_matches_and_the_control_does_not(gemma32):
     for st in steps(gemma32, "closed_loop"):
         patched = logit_comparison(st.context, st.patched.logits)
-        control = logit_comparison(st.context, st.control)
+        control = logit_comparison(st.context, st.control.logits)
         assert st.token_id == st.patched_token_id and patched["logit_linf_rel"] < 1e-5, patched
         assert control["logit_linf_rel"] > 1e3 * patched["logit_linf_rel"], control
 
