@@ -15,6 +15,7 @@ from torch import Tensor
 
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
+from experiments.patching.compare import comparable
 
 log = logging.getLogger(__name__)
 COMPILED_FILE = "compiled.json"  # beside the checkpoint: prompt, k, start token, measured agreement
@@ -73,7 +74,7 @@ def require_positions(k: int, generated: int, prompt: int) -> None:
 
 
 def log_positions(ctx: RunContext, reference: Tensor, got: Tensor, method: str, positions, **index) -> None:
-    from experiments.patching.generate import logit_comparison
+    from experiments.patching.compare import logit_comparison
 
     for i in positions:
         ctx.log_many(logit_comparison(reference[i], got[i]), position=i, method=method, **index)
@@ -129,10 +130,10 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
                              layer=fit.layer, k=k, **index)
             # the fitted positions alone, the fit's own shape: exact here but not in the full sequence means
             # the patched model amplifies the last bits (e.g. a scale's Δm = r ⊘ h with small h)
-            alone = model(input_ids=nc[:, :k], use_cache=False).logits[0].float()
+            alone = comparable(model(input_ids=nc[:, :k], use_cache=False).logits[0])
             log_positions(ctx, reference, alone, "fixed_fit_shape", range(k), k=k, fitted=1, **index)
             fitted = patch.scaled(model, PERTURB)  # the control of the exactness check
-            perturbed = model(input_ids=nc[:, :k], use_cache=False).logits[0].float()
+            perturbed = comparable(model(input_ids=nc[:, :k], use_cache=False).logits[0])
             for name, t in fitted.items():
                 model.get_parameter(name).data.copy_(t)
             log_positions(ctx, reference, perturbed, "perturbed", range(k), k=k, fitted=1, **index)
@@ -162,7 +163,7 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
     from transformers import AutoModelForCausalLM
 
     from experiments.core.atomic import save_pretrained, write_json_atomic
-    from experiments.patching.generate import logit_comparison
+    from experiments.patching.compare import logit_comparison
     from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
@@ -173,7 +174,7 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
         stock = AutoModelForCausalLM.from_pretrained(folder, dtype=ctx.dtype,
                                                      **implementation_kwargs(bundle.model.config))
     stock = stock.to(ctx.device).eval()
-    logits = stock(input_ids=nc, use_cache=False).logits[0].float()
+    logits = comparable(stock(input_ids=nc, use_cache=False).logits[0])
     rows = [logit_comparison(reference[i], logits[i]) for i in range(G)]
     for i, row in enumerate(rows):
         ctx.log_many({f"reload_{m}": v for m, v in row.items()}, position=i, k=k, fitted=int(i < k), **index)

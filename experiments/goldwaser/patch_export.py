@@ -39,8 +39,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from transformers.utils import logging as hf_logging
 
     from experiments.core.runtime import dtype_name
+    from experiments.patching.compare import comparable, logit_comparison
     from experiments.patching.export import export_patched
-    from experiments.patching.generate import logit_comparison
     from experiments.zoo.loading import implementation_kwargs, load_model
     from experiments.zoo.quiet import quiet_transformers
     from experiments.zoo.threads import threads_for
@@ -57,7 +57,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
         stock = AutoModelForCausalLM.from_pretrained(ctx.run_dir / "patched", dtype=ctx.dtype,
                                                      **implementation_kwargs(bundle.model.config)).to(ctx.device)
     with torch.no_grad():
-        got = stock(input_ids=torch.tensor([[summary["query_id"]]], device=ctx.device)).logits[0, -1].float()
+        query = torch.tensor([[summary["query_id"]]], device=ctx.device)
+        got = comparable(stock(input_ids=query).logits[0, -1])
     check = logit_comparison(reference, got)
     ctrl = logit_comparison(reference, control)
     index = dict(model=str(cfg.model), dtype=dtype_name(ctx.dtype), variant=variant.name)

@@ -178,7 +178,7 @@ def token_text(tokenizer, token_id: int) -> str:
 
 
 def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
-    from experiments.patching.generate import logit_comparison
+    from experiments.patching.compare import logit_comparison
 
     idx = dict(index, step=st.step, token=token_text, token_id=st.token_id)
     ctx.log_many(logit_comparison(st.context, st.patched.logits), **idx)
@@ -298,6 +298,12 @@ def _construction_claims(ctx, m, dtype, variant, model) -> None:
                   f"closed loop, solved for the with-context output at every layer: top-1 agreement, % of generated "
                   f"tokens; agreement by design ({where})", 100.0 * metric(m, "top1_match")["value"].mean(), ">=",
                   PAPER_BF16_MATCH["stable"])
+        if "last_layer_top1_match" in set(m["metric"]):
+            ctx.check(f"goldwaser.construction.{variant}_bfloat16_last_layer_control_top1",
+                      f"{SOURCE} ({CONSTRUCTION})",
+                      f"its control, the closed loop at the last layer alone, agrees as well: top-1 agreement, % "
+                      f"({where})", 100.0 * metric(m, "last_layer_top1_match")["value"].mean(), ">=",
+                      PAPER_BF16_MATCH["stable"])
         return
     ctx.check(f"goldwaser.construction.{variant}_{name}_logits", f"{TABLE1} ({CONSTRUCTION})",
               f"closed loop: next-token logits at rounding level, max |Δlogit| / max |logit|; exact by design, since "

@@ -20,7 +20,7 @@ import torch
 
 from experiments.core.atomic import save_pretrained, write_json_atomic
 from experiments.core.errors import UserError
-from experiments.patching.generate import logit_comparison
+from experiments.patching.compare import logit_comparison
 from experiments.patching.patcher import Patcher
 from experiments.zoo.bundle import ModelBundle
 from experiments.zoo.prompts import encode_prompt

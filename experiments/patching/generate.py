@@ -30,19 +30,6 @@ from experiments.patching.patcher import PatchedPass, Patcher
 from experiments.patching.variants import CLOSED, VARIANTS, ClosedLoopLastLayer
 
 
-def logit_comparison(reference: Tensor, other: Tensor) -> dict[str, float]:
-    """L∞ of the logit difference (absolute, and relative to max |reference|), the total variation
-    distance ½‖p − q‖₁ of the two softmax distributions, and whether the top-1 tokens agree."""
-    a, b = reference.double(), other.double()
-    linf = float((a - b).abs().max())
-    return {
-        "logit_linf": linf,
-        "logit_linf_rel": linf / max(float(a.abs().max()), 1e-300),
-        "tvd": 0.5 * float((a.softmax(-1) - b.softmax(-1)).abs().sum()),
-        "top1_match": float(int(a.argmax()) == int(b.argmax())),
-    }
-
-
 @dataclass
 class Step:
     """One generated token: what the model with the context and the patched model without it say."""

@@ -33,15 +33,10 @@ from torch import Tensor, nn
 
 from experiments.patching.arch import adapter_for
 from experiments.patching.capture import LayerCapture, capture_context, first_output, last_position, record_outputs
+from experiments.patching.compare import logit_dtype
 from experiments.patching.rounded import PatchBuffers, compute_dtype
 from experiments.patching.rules import LayerPatchStats
 from experiments.patching.variants import Variant, check_variant
-
-
-def logit_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype logits are compared in: float64 for a float64 model (a difference of 1e-12 must not round
-    to 0, nor two logits 4e-16 apart straddle a float32 midpoint), float32 otherwise."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @dataclass

@@ -53,6 +53,11 @@ class Variant:
     def patches_layer(self, index: int, n_layers: int) -> bool:
         return True
 
+    def open_counterpart(self, adapter: BlockAdapter) -> str | None:
+        """A closed loop: the open loop that computes the same patch in exact arithmetic (the two differ only
+        by what rounding the closed loop feeds back), so how far apart their patches are can be measured."""
+        return None
+
     def patch(self, patcher, layer, target, args: tuple, kwargs: dict):
         """Run `layer` patched for the with-context values `target` (a LayerCapture) on the input the
         model passed it: (the values it read, its output, LayerPatchStats). Buffers: `patcher.bufs`."""
@@ -68,7 +73,7 @@ def _needs_post_norm(variant: str, adapter: BlockAdapter) -> str | None:
     if _post_norm_block(adapter):
         return None
     have = ", ".join(_families_with_post_norm())
-    return (f"variant={variant} needs a post-MLP norm after W_down (App. B), which {adapter.family} does not have "
+    return (f"variant={variant} (App. B) needs a post-MLP norm, which {adapter.family} does not have "
             f"(only {have}); use variant=naive or closed_loop")
 
 
@@ -141,6 +146,9 @@ class ClosedLoop(Variant):
     summary = ("construction: each layer solved, inside the patched pass, for the with-context output itself "
                "(a post-norm block's W_down conditioned as above)")
     conditioned: ClassVar[bool] = True  # a post-norm block's W_down gets its sign-target step too
+
+    def open_counterpart(self, adapter):
+        return "conditioned" if self.conditioned and _post_norm_block(adapter) else "naive"
 
     def patch(self, patcher, layer, target, args, kwargs):
         from experiments.patching.closed_loop import patched_layer_forward

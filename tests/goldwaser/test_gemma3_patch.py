@@ -10,7 +10,8 @@ import torch
 from torch.func import functional_call
 
 from experiments.patching.app_b_inversion import rms_multiplier, unit_rms_minimizer
-from experiments.patching.generate import compare_generation, logit_comparison
+from experiments.patching.compare import logit_comparison
+from experiments.patching.generate import compare_generation
 from experiments.patching.lemmas import divide_or_zero, scale_update
 from experiments.patching.lemmas import input_update as input_patch_factors
 from experiments.patching.open_loop import run_layer

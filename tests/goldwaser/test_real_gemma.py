@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.patching.generate import compare_generation, logit_comparison
+from experiments.patching.compare import logit_comparison
+from experiments.patching.generate import compare_generation
 from experiments.patching.patcher import Patcher
 from experiments.zoo.prompts import encode_prompt
 

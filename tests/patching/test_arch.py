@@ -12,7 +12,8 @@ import torch
 
 from experiments.core.errors import UserError
 from experiments.patching.arch import adapter_for
-from experiments.patching.generate import compare_generation, logit_comparison, patched_generate
+from experiments.patching.compare import logit_comparison
+from experiments.patching.generate import compare_generation, patched_generate
 from experiments.patching.patcher import Patcher
 from experiments.patching.variants import VARIANTS, check_variant, export_default
 from experiments.zoo.loading import TINY_ARCHITECTURES, load_model
@@ -191,7 +192,8 @@ def test_patched_tensors_are_the_adapters_parameters_in_the_model_dtype():
 def test_unsupported_architecture_and_inapplicable_variant_are_one_line():
     with pytest.raises(UserError, match="model_type 'bert' has no context-patching adapter; supported: .*gemma3.*gpt2"):
         adapter_for("bert")
-    with pytest.raises(UserError, match="variant=stable needs a post-MLP norm .* which Llama does not have"):
+    only = r"variant=stable \(App. B\) needs a post-MLP norm, which Llama does not have \(only Gemma 3, OLMo 2\)"
+    with pytest.raises(UserError, match=only):
         check_variant(adapter_for("llama"), "stable")
     with pytest.raises(UserError, match="variant=closed_loop_scale .* GPT-2 has no post-MLP norm"):
         check_variant(adapter_for("gpt2"), "closed_loop_scale")
