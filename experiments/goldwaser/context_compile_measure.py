@@ -41,11 +41,14 @@ def start_token(tokenizer, prompt_ids) -> int:
 def reply_with_context(model, inputs: dict, max_new: int, stop_ids: set[int],
                        per_token: bool) -> tuple[list[int], Tensor | None]:
     """The model's greedy reply to the prompt; with `per_token`, also the per-token patched logits at every
-    step (Algorithm 1, closed loop, through `patcher.Patcher`: the upper bound), (steps, V)."""
+    step (`patcher.Patcher` with the family's exact open loop, `variants.export_default`: the upper bound),
+    (steps, V)."""
+    from experiments.patching.arch import adapter_for
     from experiments.patching.generate import compare_generation, greedy
     from experiments.patching.patcher import Patcher
+    from experiments.patching.variants import export_default
 
-    patcher = Patcher(model, "closed_loop")
+    patcher = Patcher(model, export_default(adapter_for(model.config.model_type)))
     if per_token:
         tokens, logits = [], []
         for st in compare_generation(patcher, inputs, max_new, greedy, stop_ids, control=False):

@@ -32,7 +32,7 @@ class PatchMatch:
     sampling: str = MISSING  # greedy | sample (patch_match.validate names them)
     temperature: float = MISSING
     stop_at_eos: bool = MISSING
-    stock_check: str = MISSING  # first | all | none (patch_match.validate names them)
+    stock_check: str = MISSING  # auto | all | first | none (patch_match.validate names them)
     control: bool = MISSING
 
 
