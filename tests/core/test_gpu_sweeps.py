@@ -164,3 +164,18 @@ def test_the_parallel_launcher_is_refused_under_torchrun(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(SystemExit):
         validate("linreg_icl", ["preset=smoke", "hydra/launcher=parallel", "seed=0,1"], multirun=True)
+
+
+@pytest.mark.gpu
+def test_a_real_sweep_on_the_gpus_here_puts_job_k_on_gpu_k_mod_n(tmp_path):
+    """On a GPU machine (pytest -m gpu): the real experiment, no fakes, each job on its own GPU."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "linreg_icl", "-m", "hydra/launcher=parallel",
+                           "preset=smoke", "seed=0,1,2", "train.steps=2", "eval.grid_tasks=1", "device=cuda",
+                           f"hydra.sweep.dir={sweep}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    n = torch.cuda.device_count()
+    for k in range(3):
+        record = json.loads((sweep / str(k) / "run.json").read_text())
+        assert record["status"] == "complete" and record["device"].startswith(f"cuda:{k % n} ("), record["device"]
