@@ -72,7 +72,8 @@ def compile_(ctx: typer.Context) -> None:
     model's own reply, saved as a stock checkpoint in OUT (`AutoModelForCausalLM.from_pretrained(OUT)`
     generates without the prompt); prints the agreement measured by reloading OUT, and how to use it.
 
-    Keys (Hydra overrides of conf/experiment/context_compile.yaml): model=ID|PATH|gemma-3-270m|tiny-llama|...
+    Keys (Hydra overrides of conf/experiment/context_compile.yaml):
+    model=ID|PATH|gemma-3-270m|qwen2.5-0.5b|tiny-llama|...
     prompt=TEXT [k=16] [heldout=32] [sweep=[] (more k to measure)] [per_token=false] [dtype=float32]
     [out=DIR: a new or empty folder].
     """
