@@ -84,10 +84,11 @@ def _stops(cfg: DictConfig, bundle) -> set[int]:
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.goldwaser.context_compile_measure import compile_prompt
     from experiments.goldwaser.patch_match import prompt_list
-    from experiments.zoo.loading import load_model
+    from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
 
     validate(cfg)
+    ctx.model = model_label(str(cfg.model))
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     prompts = prompt_list(cfg)
     with threads_for(bundle.model):

@@ -83,11 +83,12 @@ def validate(cfg: DictConfig) -> None:
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     """Per dtype (the model loaded in it), per variant, per prompt and token: `measure_prompt`."""
     from experiments.core.runtime import resolve_dtype
-    from experiments.zoo.loading import load_model
+    from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
 
     validate(cfg)
+    ctx.model = model_label(str(cfg.model))
     dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", tuple(VARIANTS))
     prompts, n_tokens = [str(p) for p in cfg.prompts], int(cfg.max_new_tokens)
     total = len(dtypes) * len(variants) * len(prompts) * n_tokens

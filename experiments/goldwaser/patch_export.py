@@ -41,12 +41,13 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.core.runtime import dtype_name
     from experiments.patching.compare import comparable, logit_comparison
     from experiments.patching.export import export_patched
-    from experiments.zoo.loading import implementation_kwargs, load_model
+    from experiments.zoo.loading import implementation_kwargs, load_model, model_label
     from experiments.zoo.quiet import quiet_transformers
     from experiments.zoo.threads import threads_for
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
     validate(cfg)
+    ctx.model = model_label(str(cfg.model))
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     variant = chosen_variant(cfg, bundle.model.config.model_type)
     log.info("variant %s: %s", variant.name, describe(variant))

@@ -115,10 +115,11 @@ def validate_model(cfg: DictConfig) -> None:
 
 # -- the run -------------------------------------------------------------------------------------
 def run(cfg: DictConfig, ctx: RunContext) -> None:
-    from experiments.zoo.loading import load_model
+    from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
 
     validate(cfg)
+    ctx.model = model_label(str(cfg.model))
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     with threads_for(bundle.model):
         compare_all(cfg, ctx, bundle)
@@ -220,13 +221,10 @@ def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
 
 def weights_origin(model: str) -> str:
     """Where the weights come from, for the console: a failed claim reads differently on random weights."""
-    from experiments.zoo.loading import OFFLINE_MODELS, REAL_OFFLINE_MODELS
+    from experiments.zoo.loading import weights_kind
 
-    if model in OFFLINE_MODELS:
-        return "random weights (offline)"
-    if model in REAL_OFFLINE_MODELS:
-        return "trained weights (offline, from the package registry)"
-    return "weights from the hub" if not Path(model).expanduser().exists() else "weights from a local folder"
+    return {"random": "random weights (offline)", "trained": "trained weights (offline, from the package registry)",
+            "local": "weights from a local folder", "hub": "weights from the hub"}[weights_kind(model)]
 
 
 def describe_model(patcher) -> str:

@@ -39,7 +39,7 @@ def _claim_row(row) -> dict:
     cells = text.claim_cells(row)
     return dict(cls="pass" if row["passed"] else "expected" if row["expected"] else "fail",  # smoke's: not red
                 id=row["id"], description=str(row["description"]), ref=str(row["ref"]), numbers=cells[2:5],
-                result=text.result_text(row, bold=""), run=cells[6], preset=cells[7])
+                result=text.result_text(row, bold=""), run=cells[6], preset=cells[7], model=cells[8])
 
 
 def _section(report: Report, package: str, title: str, rows) -> dict:
