@@ -41,8 +41,8 @@ BF16_FITTED_TOP1 = 0.9  # bfloat16: top-1 agreement at the fitted positions that
 def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists: the model, its architecture, k against its rank."""
     from experiments.core.runtime import resolve_device, resolve_dtype
+    from experiments.goldwaser.common import prompt_list
     from experiments.goldwaser.context_compile_measure import sweep_ks
-    from experiments.goldwaser.patch_match import prompt_list
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import rank_limit
     from experiments.zoo.loading import check_model
@@ -82,8 +82,8 @@ def _stops(cfg: DictConfig, bundle) -> set[int]:
 
 # -- the run --------------------------------------------------------------------------------------
 def run(cfg: DictConfig, ctx: RunContext) -> None:
+    from experiments.goldwaser.common import prompt_list
     from experiments.goldwaser.context_compile_measure import compile_prompt
-    from experiments.goldwaser.patch_match import prompt_list
     from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
 

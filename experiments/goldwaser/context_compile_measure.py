@@ -88,7 +88,7 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
                    save_to: Path | None) -> None:
     from experiments.core.atomic import write_json_atomic
     from experiments.core.runtime import dtype_name
-    from experiments.goldwaser.patch_match import check_context_length
+    from experiments.goldwaser.common import check_context_length
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import capture_targets, fit_fixed_patch, layer_outputs
     from experiments.zoo.prompts import encode_prompt

@@ -26,7 +26,7 @@ REF = "Goldwaser §3 Thm 1 / Alg. 1 (exported)"
 
 
 def validate(cfg: DictConfig) -> None:
-    from experiments.goldwaser.patch_match import validate_model
+    from experiments.goldwaser.common import validate_model
 
     if not str(cfg.prompt).strip():
         raise UserError("prompt= is empty: the export needs a prompt (a context and its last token)")

@@ -108,7 +108,7 @@ def test_a_prompt_longer_than_the_models_positions_is_one_line_before_generation
     from transformers import GPT2Config
 
     from experiments.core.errors import UserError
-    from experiments.goldwaser.patch_match import check_context_length
+    from experiments.goldwaser.common import check_context_length
 
     config = GPT2Config(n_positions=16)
     check_context_length(config, [5, 8], 8)  # 16 positions: fits exactly
