@@ -113,12 +113,16 @@ def test_naive_float32_result_is_recorded_as_measured(gemma32):
     assert st.patched.hidden_rel[-1] > 1.0  # O(1) off by the last layer (measured: ~50)
 
 
-def test_exported_closed_loop_checkpoint_reproduces_the_context_in_stock_transformers(icl, tmp_path):
+def test_exported_checkpoint_by_default_is_the_conditioned_open_loop_and_reproduces_the_context(icl, tmp_path):
+    """patch export's default on a post-norm block is the conditioned open loop (evidence, not the closed loop's
+    construction): its checkpoint, reloaded by stock transformers, reproduces the with-context logits."""
     out = tmp_path / "export"
     r = icl("patch", "export", "model=gemma-3-270m", f"prompt={PROMPT}", f"out={out}")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "patched by variant=conditioned (the paper's open loop: evidence for Thm 1)" in r.stdout
     claims = pd.read_csv(out / "claims.csv").set_index("id")
     assert claims.loc["goldwaser.export.top1_reproduced", "passed"]
     assert claims.loc["goldwaser.export.logits_reproduced", "passed"]
     assert claims.loc["goldwaser.export.logits_reproduced", "measured"] < 1e-4
-    assert json.loads((out / "inputs.json").read_text())["variant"] == "closed_loop"
+    inputs = json.loads((out / "inputs.json").read_text())
+    assert inputs["variant"] == "conditioned" and inputs["evidence"] is True
