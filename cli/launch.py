@@ -58,8 +58,8 @@ def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> P
         check_gpu_count(cfg.get("device", "auto"))  # under torchrun: a GPU per rank, said once, before anything
         dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
-        own = cfg.get(exp.run_dir_key) if exp.run_dir_key else None  # patch_export's out=DIR: its run folder,
-        if not given and not multirun and own:  # and it stays in run.json's overrides
+        own = cfg.get(exp.run_dir_key) if exp.run_dir_key else None  # the experiment's key for its run folder:
+        if not given and not multirun and own:  # its value is the folder, and stays in run.json's overrides
             given = [str(own)]
             overrides.append(f"{dir_key}={own}")
         if given:
