@@ -51,7 +51,7 @@ def _check_schema_registered(name: str) -> None:
     register_schemas()
     if f"{name}.yaml" not in ConfigStore.instance().list(GROUP):
         raise UserError(f"experiment {name} has no schema: add its dataclass (its keys, types and defaults) to "
-                        f"experiments/<paper>/schema.py (register(store)), as every other experiment does")
+                        f"experiments/<paper>/schema.py and its line to SCHEMAS there, as every other experiment does")
 
 
 def _check_device(cfg: DictConfig) -> None:
