@@ -41,6 +41,8 @@ class Experiment:
     # experiments whose run folder this one takes as `checkpoint=` (it loads their trained model instead of
     # training one): `icl-exp reproduce` runs them first and passes their folder
     needs: tuple[str, ...] = ()
+    # a config key that, when set, names the run folder (patch_export's `out`): the CLI makes it hydra.run.dir
+    run_dir_key: str | None = None
 
 
 def experiment_names() -> list[str]:

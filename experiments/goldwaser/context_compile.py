@@ -83,7 +83,6 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.loading import load_model
     from experiments.zoo.threads import threads_for
 
-    validate(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     prompts = prompt_list(cfg)
     with threads_for(bundle.model):

@@ -85,7 +85,6 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
 
-    validate(cfg)
     dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", VARIANTS)
     prompts, n_tokens = [str(p) for p in cfg.prompts], int(cfg.max_new_tokens)
     total = len(dtypes) * len(variants) * len(prompts) * n_tokens

@@ -46,7 +46,6 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.threads import threads_for
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
-    validate(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     with threads_for(bundle.model):
         summary = export_patched(bundle, str(cfg.prompt), ctx.run_dir, str(cfg.variant), bool(cfg.chat_template))
@@ -96,4 +95,5 @@ EXPERIMENT = Experiment(
     run=run,
     plot=plot,
     validate=validate,
+    run_dir_key="out",  # out=DIR is the run folder
 )

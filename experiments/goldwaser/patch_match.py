@@ -102,7 +102,6 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.loading import load_model
     from experiments.zoo.threads import threads_for
 
-    validate(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     with threads_for(bundle.model):
         compare_all(cfg, ctx, bundle)
