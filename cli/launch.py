@@ -44,10 +44,10 @@ def _interrupted_at_start(started: dict, multirun: bool) -> None:
 
 def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> Path:
     """Check the command line, choose the run folder, hand over to Hydra; the run folder once it is done."""
-    from cli.overrides import validate
+    from cli.overrides import check_command_line
 
     try:
-        cfg = validate(name, overrides, multirun=multirun)
+        exp, cfg = check_command_line(name, overrides, multirun)  # every job checked here, once
         from experiments.core.distributed import (  # imports torch: after a bad override has been said
             agree_across_ranks,
             check_gpu_count,
@@ -58,9 +58,10 @@ def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> P
         check_gpu_count(cfg.get("device", "auto"))  # under torchrun: a GPU per rank, said once, before anything
         dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
-        if not given and not multirun and cfg.get("out"):  # an experiment with an `out` key (patch_export):
-            given = [str(cfg.out)]  # out=DIR is its run folder, and stays in run.json's overrides
-            overrides.append(f"{dir_key}={cfg.out}")
+        own = cfg.get(exp.run_dir_key) if exp.run_dir_key else None  # the experiment's key for its run folder:
+        if not given and not multirun and own:  # its value is the folder, and stays in run.json's overrides
+            given = [str(own)]
+            overrides.append(f"{dir_key}={own}")
         if given:
             out_dir = given[-1]
         else:

@@ -4,8 +4,9 @@ no half-made run folder behind.
 Unknown keys and ill-typed values are caught by composing the config (the experiment's schema,
 experiments/<paper>/schema.py, types its keys) and worded by cli/config_errors.py. What composition
 cannot see is checked here: a sweep without -m, a group option or launcher that is not there, `--flags`,
-a misspelt offline model, and each experiment's own validate(). Sweeps are expanded and every
-combination is checked.
+and, for each job's config, `check_job` (the device, threads, a misspelt offline model, the experiment's
+own validate()). Sweeps are expanded and every combination (up to MAX_COMBINATIONS_CHECKED) is checked
+before any job starts; a job does not check its config again.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from cli.config_errors import composition_error, first_line, known_keys_hint, leaf_keys, omegaconf_cause
 from experiments.core import registry
-from experiments.core.config_schema import DEVICES, register_schemas
+from experiments.core.config_schema import DEVICES, GROUP, register_schemas
 from experiments.core.errors import UserError
+from experiments.core.registry import Experiment
 
 MAX_COMBINATIONS_CHECKED = 64
 
@@ -41,12 +43,15 @@ def _is_group(key: str) -> bool:
     return key.startswith("hydra/") or (registry.CONF_DIR / key).is_dir()
 
 
-def _check_schema_covers(name: str, cfg: DictConfig) -> None:
-    """Every experiment has a schema (experiments/<paper>/schema.py), so composing typed its values; one
-    without would let `seed=abc` through as a string. A developer's error, said as one."""
-    if OmegaConf.get_type(cfg) in (None, dict):
-        raise UserError(f"experiment {name} has no typed schema: add its keys to experiments/<paper>/schema.py "
-                        f"(register(store)), as every other experiment does")
+def _check_schema_registered(name: str) -> None:
+    """Every experiment has a schema (experiments/<paper>/schema.py): its keys, their types and defaults.
+    Without one it has no config to compose. A developer's error, said as one, before composing."""
+    from hydra.core.config_store import ConfigStore
+
+    register_schemas()
+    if f"{name}.yaml" not in ConfigStore.instance().list(GROUP):
+        raise UserError(f"experiment {name} has no schema: add its dataclass (its keys, types and defaults) to "
+                        f"experiments/<paper>/schema.py and its line to SCHEMAS there, as every other experiment does")
 
 
 def _check_device(cfg: DictConfig) -> None:
@@ -117,12 +122,8 @@ def _check_added_keys(parsed: list[Override], ref: DictConfig) -> None:
 
 
 def _check_threads(cfg: DictConfig) -> None:
-    threads = cfg.get("threads")
-    if threads is None:
-        return
-    if isinstance(threads, bool) or not isinstance(threads, int):
-        raise UserError(f"threads={threads!r} is ill-typed: expected an integer (or null for torch's default)")
-    if threads < 1:
+    threads = cfg.get("threads")  # an integer or null: Common types it
+    if threads is not None and threads < 1:
         raise UserError(f"threads={threads} must be at least 1 (or null for torch's default)")
 
 
@@ -219,10 +220,27 @@ def _check_model_name(cfg: DictConfig) -> None:
                         f"org/name, e.g. meta-llama/Llama-3.2-1B)")
 
 
+def check_job(exp: Experiment, cfg: DictConfig) -> None:
+    """Every check of one job's composed config that its types cannot make, in one place: the CLI runs it
+    for each job of a command line before any job starts, and the job does not run it again."""
+    _check_device(cfg)
+    _check_threads(cfg)
+    _check_model_name(cfg)
+    if exp.validate is not None:
+        exp.validate(cfg)
+
+
 def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConfig:
     """Raise UserError for an unknown experiment or a bad override; return the composed config.
     `multirun=False` (a plain `icl-exp run`): a comma-separated value is an error that says to use -m."""
+    return check_command_line(name, overrides, multirun)[1]
+
+
+def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple[Experiment, DictConfig]:
+    """validate(), and the experiment it ran: the command line checked, every job's config composed and
+    checked (check_job); the experiment and the last job's config (the one config of a plain run)."""
     registry.check_name(name)  # the module (and torch) is imported once the command line has composed
+    _check_schema_registered(name)
     _check_flags(name, overrides)
     hydra_flags = [o for o in overrides if o.startswith("-")]
     plain = [o for o in overrides if not o.startswith("-")]
@@ -262,13 +280,8 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
             raise UserError(composition_error(err, name, keys, known)) from None
     exp = registry.get(name)
     for cfg in configs:
-        _check_schema_covers(name, cfg)
-        _check_device(cfg)
-        _check_threads(cfg)
-        _check_model_name(cfg)
-        if exp.validate is not None:
-            exp.validate(cfg)
+        check_job(exp, cfg)
     _check_parallel_gpus(configs)
     cfg = configs[-1] if configs else reference()
     GlobalHydra.instance().clear()
-    return cfg
+    return exp, cfg

@@ -1,7 +1,7 @@
 """`icl-exp patch export model=... prompt=... out=DIR`: a checkpoint with a prompt's context in its weights.
 
-The options are Hydra overrides of conf/experiment/patch_export.yaml, composed and validated exactly as
-`icl-exp run patch_export ...` (which this is); out=DIR is the run folder.
+The options are Hydra overrides of patch_export's config (PatchExport in experiments/goldwaser/schema.py),
+composed and validated exactly as `icl-exp run patch_export ...` (which this is); out=DIR is the run folder.
 """
 
 from __future__ import annotations
@@ -72,10 +72,9 @@ def compile_(ctx: typer.Context) -> None:
     model's own reply, saved as a stock checkpoint in OUT (`AutoModelForCausalLM.from_pretrained(OUT)`
     generates without the prompt); prints the agreement measured by reloading OUT, and how to use it.
 
-    Keys (Hydra overrides of conf/experiment/context_compile.yaml):
-    model=ID|PATH|gemma-3-270m|qwen2.5-0.5b|tiny-llama|...
-    prompt=TEXT [k=16] [heldout=32] [sweep=[] (more k to measure)] [per_token=false] [dtype=float32]
-    [out=DIR: a new or empty folder].
+    Keys (Hydra overrides of context_compile's config: `icl-exp run context_compile --cfg job` prints them all):
+    model=ID|PATH|gemma-3-270m|qwen2.5-0.5b|tiny-llama|... and prompt=TEXT; optional: k=16, heldout=32,
+    per_token=false, dtype=float32, out=DIR (a new or empty folder), sweep=[] (more k to measure).
     """
     from cli.launch import launch
     from cli.output import fail

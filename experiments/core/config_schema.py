@@ -3,22 +3,33 @@ structured config: an experiment's schema is `experiment_schema(its sections)`, 
 own, so composing `dtype=float8` or `seed=abc` fails inside Hydra, and the CLI only has to word the
 error (cli/config_errors.py).
 
+Where a setting lives (docs/configuration.md): an experiment's keys, their types, their paper defaults
+and the comment that says what each means are its dataclass in experiments/<paper>/schema.py, once. The
+comments stand there and not in the yaml because a comment explains a value, and the value is written
+where its type is; `icl-exp run NAME --cfg job` prints the values, the dataclass says what they mean.
+conf/experiment/<name>.yaml registers the experiment and says what it reproduces (with sweep examples);
+conf/preset_for/<name>/<preset>.yaml holds what a preset changes; the experiment's validate() only what a
+type cannot say (ranges, keys against each other, the model, files). No value is written twice.
+
 Kept free of torch: the schemas are registered before every composition, including the one that
 answers a bad override in a second.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import importlib.util
+import sys
 import typing
 from dataclasses import dataclass
 from enum import StrEnum
 
-# The ConfigStore group the schemas live in, one option per experiment that has one: conf/config.yaml
-# selects `optional schema: ${experiment}` before the experiment's yaml, so its values (and the
-# preset's, and the command line's) merge onto typed nodes. Experiments without a schema stay untyped.
+# The ConfigStore group the schemas live in, one option per experiment: conf/config.yaml selects
+# `schema: ${experiment}` before the experiment's yaml, so the preset's values and the command line's merge
+# onto its typed nodes. Not optional: the schema holds the values, so composing an experiment without one
+# (or before register_schemas) fails instead of giving an empty config.
 GROUP = "schema"
 
 
@@ -43,42 +54,72 @@ DEVICES = ("auto", "cpu", "cuda")
 
 @dataclass
 class Common:
-    """Keys of conf/config.yaml that every experiment reads."""
+    """The keys every experiment reads. An experiment's schema may declare one again with its own default
+    (experiment_schema)."""
 
     seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda | cuda:N (checked by cli/overrides.py: an Enum has no cuda:N)
-    dtype: Dtype = Dtype.float32
-    threads: int | None = None  # intra-op CPU threads for torch (None: torch's default)
+    # auto | cpu | cuda | cuda:N (auto takes a GPU when there is one; checked by cli/overrides.py: an Enum has
+    # no cuda:N)
+    device: str = "auto"
+    dtype: Dtype = Dtype.float32  # float32 | bfloat16 | float16 | float64; aliases fp32, bf16, fp16, fp64
+    threads: int | None = None  # intra-op CPU threads for torch (null: torch's default)
+
+
+def default(value: list | dict) -> dataclasses.Field:
+    """A list or dict default (a dataclass field takes no mutable default): each config gets a copy."""
+    return dataclasses.field(default_factory=lambda: copy.deepcopy(value))
+
+
+def section(cls: type, **values) -> dataclasses.Field:
+    """A nested node of type `cls` (a dataclass) whose defaults are `cls`'s, but for `values`: how two
+    experiments share a node's type and keep their own defaults (linreg_icl's and multilayer_ln's
+    `train:` are both LinregTrain, with 4000 and 1000 steps)."""
+    return dataclasses.field(default_factory=lambda: cls(**values))
 
 
 def experiment_schema(sections: type) -> type:
     """The schema of a whole experiment config: Common's keys, then the experiment's own (`sections`, a
     dataclass), then `preset`, in the order Hydra composes them (conf/config.yaml, the experiment's yaml,
     the preset file), so `--cfg job` prints the keys in the order it always did. Built, not inherited:
-    a subclass of Common would put `preset` before the experiment's keys."""
+    a subclass of Common would put `preset` before the experiment's keys. A key of Common that `sections`
+    declares again (linreg_icl's `threads: int | None = 1`) is the experiment's default for it, in
+    Common's place."""
     def typed_fields(cls: type) -> list[tuple]:  # real types: the annotations are strings here
         hints = typing.get_type_hints(cls)
         return [(f.name, hints[f.name], f) for f in dataclasses.fields(cls)]
 
+    own = {f[0]: f for f in typed_fields(sections)}
+    common = []
+    for key, kind, f in typed_fields(Common):
+        if key in own and own[key][1] != kind:
+            raise TypeError(f"{sections.__name__}.{key} is {own[key][1]}, but Common's {key} is {kind}")
+        common.append(own.pop(key, (key, kind, f)))
     preset = ("preset", str, dataclasses.field(default="paper"))  # the preset group itself checks the name
     name = sections.__name__.removesuffix("Experiment") + "Config"
-    schema = dataclasses.make_dataclass(name, [*typed_fields(Common), *typed_fields(sections), preset])
-    schema.__module__ = sections.__module__  # the module binds it to `name`, so it pickles
+    schema = dataclasses.make_dataclass(name, [*common, *own.values(), preset])
+    # bound to `name` in the module of `sections`, so a composed config pickles (the joblib and SLURM
+    # launchers send it to their jobs, which import that module to read it back)
+    schema.__module__ = sections.__module__
+    setattr(sys.modules[sections.__module__], name, schema)
     return schema
 
 
 def register_schemas() -> None:
-    """Store every paper's schemas (experiments/<paper>/schema.py, `register(store)`) in Hydra's
-    ConfigStore. Idempotent: storing a name again replaces it."""
+    """Store every paper's schemas (experiments/<paper>/schema.py: `SCHEMAS`, experiment name -> schema) in
+    Hydra's ConfigStore, once: every composition calls this, and storing them again (each converted to a
+    config) would cost 0.09 s a time."""
     from hydra.core.config_store import ConfigStore
 
     from experiments.core.registry import PAPER_PACKAGES
 
     store = ConfigStore.instance()
+    if GROUP in store.repo:
+        return
     for package in PAPER_PACKAGES:
         name = f"experiments.{package}.schema"
         if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name).register(store)
+            for experiment, schema in importlib.import_module(name).SCHEMAS.items():
+                store.store(group=GROUP, name=experiment, node=schema, package="_global_")
 
 
 def node_values(node, schema: type) -> dict:

@@ -44,6 +44,8 @@ class Experiment:
     # what `icl-exp reproduce` sweeps for this experiment (`-m` with these overrides), e.g. gemma_match's two
     # open loops, the paper's Algorithm 1 and the conditioned variant, beside each other in the report
     reproduce_sweep: tuple[str, ...] = ()
+    # a config key that, when set, names the run folder (patch_export's `out`): the CLI makes it hydra.run.dir
+    run_dir_key: str | None = None
 
 
 def experiment_names() -> list[str]:

@@ -273,7 +273,7 @@ def _band(ax, agg: pd.DataFrame, label: str, **style) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    if not (isinstance(cfg.finetune.lr, (int, float)) and math.isfinite(cfg.finetune.lr) and cfg.finetune.lr > 0):
+    if not (math.isfinite(cfg.finetune.lr) and cfg.finetune.lr > 0):  # a number: the schema types it
         raise UserError(f"finetune.lr={cfg.finetune.lr} must be a positive number")
     require_positive(cfg, "finetune.n_trials", "task.n_examples", "eval.n_val_tasks", "train.steps")
     if cfg.finetune.n_trials < 2:

@@ -149,7 +149,7 @@ def validate(cfg: DictConfig) -> None:
     require_positive(cfg, "model.n_layers", "train.steps", "train.batch_size", "train.eval_every", "task.n_examples",
                      "eval.n_val_tasks", "eval.block_tasks", "eval.chunk")
     k = cfg.patch.remove_first
-    if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= cfg.task.n_examples):
+    if k is not None and not 1 <= k <= cfg.task.n_examples:  # an integer or null: the schema types it
         raise UserError(f"patch.remove_first={k!r} must be null (all of the context) or an integer "
                         f"k in 1..task.n_examples={cfg.task.n_examples} (Y = the first k examples)")
 

@@ -198,8 +198,6 @@ def validate(cfg: DictConfig) -> None:
     require_positive(cfg, "train.steps", "train.batch_size", "train.eval_every", "task.n_examples",
                      "eval.n_val_tasks", "eval.chunk", "dynamics.n_tasks", "attention.train.steps",
                      "attention.train.batch_size")
-    if cfg.model.nonlinearity not in ("relu", "tanh"):
-        raise UserError(f"model.nonlinearity={cfg.model.nonlinearity!r} must be relu or tanh (torch.nn.RNN's choices)")
     if cfg.task.n_examples < 3:
         raise UserError(f"task.n_examples={cfg.task.n_examples}: Fig. 6 right needs contexts longer than 2")
     if not 0 < cfg.dynamics.tail_fraction <= 0.5:

@@ -87,7 +87,6 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
 
-    validate(cfg)
     ctx.model = model_label(str(cfg.model))
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     prompts = prompt_list(cfg)

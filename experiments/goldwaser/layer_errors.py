@@ -87,7 +87,6 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
 
-    validate(cfg)
     ctx.model = model_label(str(cfg.model))
     dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", tuple(VARIANTS))
     prompts, n_tokens = [str(p) for p in cfg.prompts], int(cfg.max_new_tokens)

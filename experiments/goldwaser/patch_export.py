@@ -46,7 +46,6 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.threads import threads_for
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
-    validate(cfg)
     ctx.model = model_label(str(cfg.model))
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     variant = chosen_variant(cfg, bundle.model.config.model_type)
@@ -120,4 +119,5 @@ EXPERIMENT = Experiment(
     run=run,
     plot=plot,
     validate=validate,
+    run_dir_key="out",  # out=DIR is the run folder
 )

@@ -216,8 +216,6 @@ def require_cuda(cfg: DictConfig, cuda: bool) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    if cfg.variant != "all" and cfg.variant not in VARIANTS:
-        raise UserError(f"variant={cfg.variant} is not one of {', '.join(VARIANTS)}, all")
     if resolve_dtype(cfg.get("dtype", "float32")) not in (torch.float32, torch.bfloat16):
         raise UserError(f"gpt_wq trains in dtype=float32 or dtype=bfloat16 (autocast over float32 weights, the "
                         f"paper's), not dtype={cfg.dtype}: float16 would need loss scaling")

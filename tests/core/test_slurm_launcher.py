@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the slurm extra: pip install -e '.[slurm]'")
 
+from experiments.core.config_schema import register_schemas  # noqa: E402
 from experiments.core.registry import CONF_DIR  # noqa: E402
 from experiments.core.slurm_launcher import (  # noqa: E402
     CPU_JOB,
@@ -24,6 +25,7 @@ from experiments.core.slurm_launcher import (  # noqa: E402
 
 
 def _cfg(experiment: str, preset: str = "paper", *overrides: str):
+    register_schemas()  # the schemas hold the keys and their defaults
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=[f"experiment={experiment}", f"preset={preset}",
                                              "hydra/launcher=slurm", *overrides], return_hydra_config=True)

@@ -91,6 +91,42 @@ def test_parallel_launcher_keeps_the_healthy_sibling(tmp_path):
     _assert_survived(proc, tmp_path, "1", "deliberate failure for seed 1")
 
 
+def test_every_job_is_checked_once_by_the_cli_before_the_first_job_starts(tmp_path):
+    """One route: the CLI composes and checks each job's config (the experiment's validate() included), all
+    of them before any job runs, and a job does not check its config again."""
+    log = tmp_path / "events.txt"
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(textwrap.dedent(f"""
+        import dataclasses
+
+        import experiments.core.registry as registry
+
+        _get = registry.get
+
+        def get(name):
+            exp = _get(name)
+
+            def note(what, cfg):
+                with open({str(log)!r}, "a") as f:
+                    f.write(f"{{what}} seed={{cfg.seed}}\\n")
+
+            def validate(cfg):
+                note("check", cfg)
+                exp.validate(cfg)
+
+            def run(cfg, ctx):
+                note("run", cfg)
+                exp.run(cfg, ctx)
+
+            return dataclasses.replace(exp, validate=validate, run=run)
+
+        registry.get = get
+    """))
+    proc = _sweep(tmp_path, env={"PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), str(REPO_ROOT)])})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert log.read_text().splitlines() == ["check seed=0", "check seed=1", "run seed=0", "run seed=1"]
+
+
 def test_combining_a_sweep_uses_only_its_completed_jobs(tmp_path, caplog):
     """A failed job keeps its partial metrics.csv; combining skips it and says so."""
     for job, status in (("0", "complete"), ("1", "failed")):

@@ -130,7 +130,7 @@ def test_attention_checkpoint_from_a_linreg_icl_run(icl, tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("model.nonlinearity=gelu", "model.nonlinearity='gelu' must be relu or tanh"),
+    ("model.nonlinearity=gelu", "model.nonlinearity='gelu' is not one of tanh, relu"),  # the schema's Enum
     ("task.n_examples=2", "contexts longer than 2"),
     ("dynamics.tail_fraction=0.9", "dynamics.tail_fraction=0.9 must be in (0, 0.5]"),
 ])

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from experiments.core.results import RunContext
 from tests.conftest import run_cli
+from tests.in_process import compose
 
 EXPERIMENTS = ("wq_reparam", "attention_scale", "basis_transfer")
 
@@ -73,7 +74,7 @@ def ctx(tmp_path) -> RunContext:
 def test_wq_claims_fail_when_a_construction_is_off(tmp_path):
     from experiments.karbevski import wq_reparam as wq
 
-    cfg = OmegaConf.load("conf/experiment/wq_reparam.yaml")
+    cfg = compose("wq_reparam", preset="paper")
     good = {"error": 1e-15, "control": 1.0, "scale": 1.0, "condition": 0.0, "condition_generic": 1.0}
     obstruction = dict(good, error=1.0, control=1e-15)  # the obstruction shows, its exact counterpart holds
     results = {f"{r}.{w}": [good] for r, w, *_ in wq.EXACT}
@@ -97,7 +98,7 @@ def test_attention_claims_fail_for_a_wrong_ratio(tmp_path):
 
     from experiments.karbevski import attention_scale as at
 
-    cfg = OmegaConf.load("conf/experiment/attention_scale.yaml")
+    cfg = compose("attention_scale", preset="paper")
     same = {"baseline": np.array([0.0032]), "wq_identity": np.array([0.0032]), "sq_norm": np.array([1.0]),
             "theory": {"baseline": 0.0032, "wq_identity": 0.0058}, "ratio": 1.0}
     results = {("nanogpt", 768, 12, "unit_norm"): same, ("nanogpt", 768, 12, "layernorm"): same,
@@ -114,7 +115,7 @@ def test_attention_claims_fail_for_a_wrong_ratio(tmp_path):
 def test_basis_claims_fail_when_the_mlp_loses(tmp_path):
     from experiments.karbevski import basis_transfer as bt
 
-    cfg = OmegaConf.load("conf/experiment/basis_transfer.yaml")
+    cfg = compose("basis_transfer", preset="paper")
     rows = []
     for h in (8, 16):
         for model, rel, cos in (("mlp", 0.2, 0.02), ("linear", 0.1, 0.01), ("mlp_init", 0.3, 0.5)):
@@ -130,7 +131,7 @@ def test_basis_claims_fail_when_the_mlp_loses(tmp_path):
 def _fig2_claims(tmp_path, mlp: float, linear: float):
     from experiments.karbevski import basis_transfer as bt
 
-    cfg = OmegaConf.load("conf/experiment/basis_transfer.yaml")
+    cfg = compose("basis_transfer", preset="paper")
     rows = []
     for h in (8, 16):
         for model, rel, cos in (("mlp", mlp, 0.002), ("linear", linear, 0.01), ("mlp_init", 1.0, 0.5)):
@@ -196,7 +197,7 @@ def test_validate_refuses_in_one_line(name, override, message):
     from experiments.core.errors import UserError
     from experiments.core.registry import get
 
-    cfg = OmegaConf.merge(OmegaConf.load(f"conf/experiment/{name}.yaml"), override)
+    cfg = OmegaConf.merge(compose(name, preset="paper"), override)
     with pytest.raises(UserError, match=message.replace("^", r"\^")) as err:
         get(name).validate(cfg)
     assert "\n" not in str(err.value)
@@ -209,12 +210,11 @@ def test_basis_transfer_warns_with_the_expected_time_on_cpu(tmp_path, caplog):
 
     from experiments.karbevski import basis_transfer as bt
 
-    cfg = OmegaConf.merge(OmegaConf.load("conf/experiment/basis_transfer.yaml"),
-                          OmegaConf.load("conf/preset_for/basis_transfer/smoke.yaml"),
+    cfg = OmegaConf.merge(compose("basis_transfer", preset="smoke"),
                           {"seed": 0, "preset": "paper", "warn_after_s": 0, "widths": [4], "train": {"steps": 5}})
     c = ctx(tmp_path)
     c.device, c.dtype = torch.device("cpu"), torch.float32
     with caplog.at_level("WARNING"):
         bt.run(cfg, c)
     assert any("expect about" in r.message and "GPU" in r.message for r in caplog.records)
-    assert bt.expected_seconds(OmegaConf.load("conf/experiment/basis_transfer.yaml"), c.device, c.dtype) > 3600
+    assert bt.expected_seconds(compose("basis_transfer", preset="paper"), c.device, c.dtype) > 3600

@@ -1,0 +1,81 @@
+"""Every experiment's composed config at every preset, as `icl-exp run NAME preset=P --cfg job` prints it,
+against the copy kept in tests/core/cfg_snapshots/NAME.P.yaml: moving a setting from one file to another
+must not change a single value, type or key order. A value changed on purpose shows up here, and its
+snapshot is written again with
+
+    python -m tests.core.test_cfg_snapshots [NAME ...]
+
+so the change is seen in review. Composed in this process with Hydra's compose API (76 configs in
+seconds); one test checks that this is byte for byte what the CLI prints."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.core.config_schema import register_schemas
+from experiments.core.registry import CONF_DIR, experiment_names
+
+SNAPSHOTS = Path(__file__).parent / "cfg_snapshots"
+PRESETS = sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml"))
+
+
+def job_config(name: str, preset: str) -> str:
+    """What `icl-exp run NAME preset=PRESET --cfg job` prints (Hydra's own key left out)."""
+    from hydra import compose, initialize_config_dir
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_yaml(compose("config", [f"experiment={name}", f"preset={preset}"]))
+
+
+def snapshot(name: str, preset: str) -> Path:
+    return SNAPSHOTS / f"{name}.{preset}.yaml"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("name", experiment_names())
+def test_composed_config_is_unchanged(name, preset):
+    path = snapshot(name, preset)
+    assert path.is_file(), f"no snapshot {path.name}: write it with python -m tests.core.test_cfg_snapshots {name}"
+    assert job_config(name, preset) == path.read_text(encoding="utf-8")
+
+
+def test_snapshots_are_what_the_cli_prints(icl_inprocess_cfg):
+    """The compose API above and the CLI's `--cfg job` agree, so the snapshots hold the CLI's output."""
+    assert icl_inprocess_cfg("linreg_icl", "smoke") == snapshot("linreg_icl", "smoke").read_text(encoding="utf-8")
+
+
+def test_no_snapshot_is_left_over():
+    """A snapshot of an experiment or preset that is gone would check nothing."""
+    expected = {snapshot(n, p).name for n in experiment_names() for p in PRESETS}
+    assert {p.name for p in SNAPSHOTS.glob("*.yaml")} <= expected
+
+
+@pytest.fixture
+def icl_inprocess_cfg(tmp_path, capsys):
+    """`icl-exp run NAME preset=P --cfg job`'s standard output, the CLI run in this process."""
+    from cli.main import app
+
+    def cfg_job(name: str, preset: str) -> str:
+        capsys.readouterr()
+        argv = list(sys.argv)  # the CLI hands Hydra its argv
+        try:
+            app(["run", name, f"preset={preset}", "--cfg", "job", f"hydra.run.dir={tmp_path / name}"],
+                standalone_mode=False)
+        finally:
+            sys.argv = argv
+        return capsys.readouterr().out
+
+    return cfg_job
+
+
+if __name__ == "__main__":  # write the snapshots again: all of them, or those of the experiments named
+    SNAPSHOTS.mkdir(exist_ok=True)
+    for experiment in sys.argv[1:] or experiment_names():
+        for preset_name in PRESETS:
+            snapshot(experiment, preset_name).write_text(job_config(experiment, preset_name), encoding="utf-8")
+            print(snapshot(experiment, preset_name))

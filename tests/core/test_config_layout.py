@@ -1,0 +1,63 @@
+"""Where a setting lives (docs/configuration.md): an experiment's keys, types and defaults in its schema
+dataclass and nowhere else; conf/experiment/<name>.yaml sets no value; a preset file changes only what
+it changes. Each rule fails on the file that breaks it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.core.config_schema import register_schemas
+from experiments.core.registry import CONF_DIR, experiment_names
+
+
+def paper_config(name: str):
+    from hydra import compose, initialize_config_dir
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", [f"experiment={name}"])
+
+
+def leaves(node: dict, prefix: str = ""):
+    """(dotted key, value) of every leaf of a loaded yaml file, its `defaults:` list left out."""
+    for key, value in node.items():
+        if key == "defaults":
+            continue
+        if isinstance(value, dict):
+            yield from leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+@pytest.mark.parametrize("name", experiment_names())
+def test_experiment_yaml_sets_no_value(name):
+    """The values are the schema's defaults: a key in the yaml would be a second place for it."""
+    loaded = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml")) or {}
+    assert [key for key, _ in leaves(loaded)] == [], f"conf/experiment/{name}.yaml sets values: move them to its schema"
+
+
+@pytest.mark.parametrize("name", experiment_names())
+def test_every_key_has_a_default(name):
+    assert OmegaConf.missing_keys(paper_config(name)) == set()
+
+
+def preset_files() -> list[Path]:
+    """conf/preset_for/<experiment>/<preset>.yaml (the `_`-named folders are pieces presets compose)."""
+    return sorted(p for p in (CONF_DIR / "preset_for").glob("[!_]*/*.yaml"))
+
+
+@pytest.mark.parametrize("path", preset_files(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_preset_changes_only_what_it_changes(path):
+    """Every value a preset file sets differs from the paper's: one equal to it is the default written twice."""
+    paper = OmegaConf.to_container(paper_config(path.parent.name))
+    restated = []
+    for key, value in leaves(OmegaConf.to_container(OmegaConf.load(path))):
+        current = paper
+        for part in key.split("."):
+            current = current[part]
+        if current == value:
+            restated.append(f"{key}={value}")
+    assert restated == [], f"{path.relative_to(CONF_DIR)} restates the paper default: {', '.join(restated)}"
