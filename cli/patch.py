@@ -26,7 +26,9 @@ EXPORT_HELP = "\n\n".join([
     "(default tiny-gemma3)",
     "prompt=TEXT, the prompt whose context goes into the weights (default: the paper's Mars forecast prompt)",
     "out=DIR, the run folder (default results/patch_export/STAMP)",
-    "variant=closed_loop, naive or stable (stable: Gemma 3 only; default closed_loop)",
+    "variant=naive, conditioned, stable (post-norm blocks: Gemma 3, OLMo 2), closed_loop (default: an open loop "
+    "exact on the family, conditioned on Gemma 3 and OLMo 2, naive on Llama-style blocks: evidence; the closed "
+    "loop only where none is, GPT-2: a construction)",
     "dtype=float32, device=cpu, seed=0, chat_template=true (wrap the prompt in the model's chat template)",
     "Example: icl-exp patch export model=tiny-llama prompt=\"Write a haiku about snow.\" out=snow",
 ])
@@ -50,8 +52,12 @@ def export(ctx: typer.Context) -> None:
 def usage_snippet(out: Path) -> list[str]:
     """How to use the export: stock transformers, fed the query token alone (the context is in the weights)."""
     out = out.absolute()
-    query_id = json.loads((out / "inputs.json").read_text())["query_id"]
+    inputs = json.loads((out / "inputs.json").read_text())
+    query_id = inputs["query_id"]
+    kind = ("the paper's open loop: evidence for Thm 1" if inputs.get("evidence")
+            else "the closed loop: a construction, exact by design")
     return [
+        f"patched by variant={inputs.get('variant')} ({kind})",
         f"use it: fed the prompt's last token alone (id {query_id}, in inputs.json), the patched model gives "
         f"the original model's next-token logits after the whole prompt:",
         "  import torch; from transformers import AutoModelForCausalLM",

@@ -27,6 +27,15 @@ def needs(name: str) -> tuple[str, ...]:
     return registry.get(name).needs
 
 
+def run_args(name: str, folder: Path) -> list[str]:
+    """`icl-exp run NAME`'s first words: one run into `folder`, or the experiment's reproduce sweep
+    (`Experiment.reproduce_sweep`) with its jobs under `folder`."""
+    from experiments.core import registry
+
+    sweep = registry.get(name).reproduce_sweep
+    return ["-m", f"hydra.sweep.dir={folder}", *sweep] if sweep else [f"hydra.run.dir={folder}"]
+
+
 def ordered(names: list[str]) -> list[str]:
     """The experiments others need first, then those that need them (by name), then the rest as given."""
     providers = [n for n in names if any(n in needs(m) for m in names)]
@@ -92,7 +101,7 @@ def reproduce(
             if interrupted:
                 break
             bar.update(overall, description=f"reproduce: {name}")
-            args = [f"preset={preset}", f"hydra.run.dir={root / name}", *common, *per[name]]
+            args = [f"preset={preset}", *run_args(name, root / name), *common, *per[name]]
             for provider in needs(name):
                 if status.get(provider) == "complete":
                     args.append(f"checkpoint={(root / provider).resolve()}")

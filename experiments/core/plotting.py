@@ -6,6 +6,7 @@ Every figure is saved as PNG (for a quick look) and PDF (for a paper), atomicall
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,11 +95,14 @@ def save_figure(fig, figures_dir: Path, name: str) -> list[Path]:
     paths = []
     _readable_log_ticks(fig)
     _stamp(fig)
-    fig.tight_layout()
-    for ext in ("png", "pdf"):
-        path = figures_dir / f"{name}.{ext}"
-        write_atomic(path, lambda p, ext=ext: fig.savefig(p, format=ext, bbox_inches="tight"))
-        paths.append(path)
+    with warnings.catch_warnings():
+        # a generated token in a script the font lacks (Hangul, CJK) is drawn as a box: no console line per glyph
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        fig.tight_layout()
+        for ext in ("png", "pdf"):
+            path = figures_dir / f"{name}.{ext}"
+            write_atomic(path, lambda p, ext=ext: fig.savefig(p, format=ext, bbox_inches="tight"))
+            paths.append(path)
     plt.close(fig)
     log.info("figure %s", figures_dir / f"{name}.png")
     return paths

@@ -41,6 +41,9 @@ class Experiment:
     # experiments whose run folder this one takes as `checkpoint=` (it loads their trained model instead of
     # training one): `icl-exp reproduce` runs them first and passes their folder
     needs: tuple[str, ...] = ()
+    # what `icl-exp reproduce` sweeps for this experiment (`-m` with these overrides), e.g. gemma_match's two
+    # open loops, the paper's Algorithm 1 and the conditioned variant, beside each other in the report
+    reproduce_sweep: tuple[str, ...] = ()
     # a config key that, when set, names the run folder (patch_export's `out`): the CLI makes it hydra.run.dir
     run_dir_key: str | None = None
 

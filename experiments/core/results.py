@@ -57,6 +57,8 @@ class RunContext:
     device: Any = None  # torch.device the run uses (resolved from cfg.device)
     dtype: Any = None  # torch.dtype the run uses (resolved from cfg.dtype)
     precision: str | None = None  # what ran, when it is more than `dtype` says (e.g. "bfloat16 autocast, ...")
+    # the model the claims were measured on and its weights, for run.json and the report: "gemma-3-270m (trained)"
+    model: str | None = None
     flush_every_s: float = 10.0
     # lines the experiment wants read after its claims (e.g. why a claim fails by design on these inputs);
     # printed last and kept in run.json

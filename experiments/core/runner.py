@@ -157,8 +157,11 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
 
 
 def _record_precision(record: dict, ctx: RunContext) -> None:
-    """run.json's `precision`: what the experiment says ran (mixed precision), else the dtype itself."""
+    """run.json's `precision`: what the experiment says ran (mixed precision), else the dtype itself; and
+    `model`, the model and weights the claims were measured on, where the experiment says."""
     record["precision"] = ctx.precision or record.get("dtype")
+    if ctx.model:
+        record["model"] = ctx.model
 
 
 def _one_line(err: BaseException) -> str:

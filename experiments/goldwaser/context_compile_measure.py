@@ -15,6 +15,7 @@ from torch import Tensor
 
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
+from experiments.patching.compare import comparable
 
 log = logging.getLogger(__name__)
 COMPILED_FILE = "compiled.json"  # beside the checkpoint: prompt, k, start token, measured agreement
@@ -40,11 +41,14 @@ def start_token(tokenizer, prompt_ids) -> int:
 def reply_with_context(model, inputs: dict, max_new: int, stop_ids: set[int],
                        per_token: bool) -> tuple[list[int], Tensor | None]:
     """The model's greedy reply to the prompt; with `per_token`, also the per-token patched logits at every
-    step (Algorithm 1, closed loop, through `patcher.Patcher`: the upper bound), (steps, V)."""
+    step (`patcher.Patcher` with the family's exact open loop, `variants.export_default`: the upper bound),
+    (steps, V)."""
+    from experiments.patching.arch import adapter_for
     from experiments.patching.generate import compare_generation, greedy
     from experiments.patching.patcher import Patcher
+    from experiments.patching.variants import export_default
 
-    patcher = Patcher(model, "closed_loop")
+    patcher = Patcher(model, export_default(adapter_for(model.config.model_type)))
     if per_token:
         tokens, logits = [], []
         for st in compare_generation(patcher, inputs, max_new, greedy, stop_ids, control=False):
@@ -55,8 +59,9 @@ def reply_with_context(model, inputs: dict, max_new: int, stop_ids: set[int],
     cache = patcher.prefill({"input_ids": ids[:, :-1]}) if ids.shape[1] > 1 else None
     query, tokens = ids[:, -1:], []
     for _ in range(max_new):
-        logits, _, cache = patcher.context_step({"input_ids": query}, cache)
-        tokens.append(int(logits.argmax()))
+        step = patcher.context_step({"input_ids": query}, cache)
+        cache = step.cache
+        tokens.append(int(step.logits.argmax()))
         if tokens[-1] in stop_ids:
             break
         query = torch.tensor([[tokens[-1]]], device=ids.device)
@@ -72,7 +77,7 @@ def require_positions(k: int, generated: int, prompt: int) -> None:
 
 
 def log_positions(ctx: RunContext, reference: Tensor, got: Tensor, method: str, positions, **index) -> None:
-    from experiments.patching.generate import logit_comparison
+    from experiments.patching.compare import logit_comparison
 
     for i in positions:
         ctx.log_many(logit_comparison(reference[i], got[i]), position=i, method=method, **index)
@@ -83,7 +88,7 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
                    save_to: Path | None) -> None:
     from experiments.core.atomic import write_json_atomic
     from experiments.core.runtime import dtype_name
-    from experiments.goldwaser.patch_match import check_context_length
+    from experiments.goldwaser.common import check_context_length
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import capture_targets, fit_fixed_patch, layer_outputs
     from experiments.zoo.prompts import encode_prompt
@@ -128,10 +133,10 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
                              layer=fit.layer, k=k, **index)
             # the fitted positions alone, the fit's own shape: exact here but not in the full sequence means
             # the patched model amplifies the last bits (e.g. a scale's Δm = r ⊘ h with small h)
-            alone = model(input_ids=nc[:, :k], use_cache=False).logits[0].float()
+            alone = comparable(model(input_ids=nc[:, :k], use_cache=False).logits[0])
             log_positions(ctx, reference, alone, "fixed_fit_shape", range(k), k=k, fitted=1, **index)
             fitted = patch.scaled(model, PERTURB)  # the control of the exactness check
-            perturbed = model(input_ids=nc[:, :k], use_cache=False).logits[0].float()
+            perturbed = comparable(model(input_ids=nc[:, :k], use_cache=False).logits[0])
             for name, t in fitted.items():
                 model.get_parameter(name).data.copy_(t)
             log_positions(ctx, reference, perturbed, "perturbed", range(k), k=k, fitted=1, **index)
@@ -161,7 +166,7 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
     from transformers import AutoModelForCausalLM
 
     from experiments.core.atomic import save_pretrained, write_json_atomic
-    from experiments.patching.generate import logit_comparison
+    from experiments.patching.compare import logit_comparison
     from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
@@ -172,7 +177,7 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
         stock = AutoModelForCausalLM.from_pretrained(folder, dtype=ctx.dtype,
                                                      **implementation_kwargs(bundle.model.config))
     stock = stock.to(ctx.device).eval()
-    logits = stock(input_ids=nc, use_cache=False).logits[0].float()
+    logits = comparable(stock(input_ids=nc, use_cache=False).logits[0])
     rows = [logit_comparison(reference[i], logits[i]) for i in range(G)]
     for i, row in enumerate(rows):
         ctx.log_many({f"reload_{m}": v for m, v in row.items()}, position=i, k=k, fitted=int(i < k), **index)

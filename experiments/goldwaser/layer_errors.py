@@ -23,6 +23,7 @@ Claims: experiments/goldwaser/layer_errors_claims.py; figure: layer_errors_plot.
 from __future__ import annotations
 
 import functools
+import math
 
 from omegaconf import DictConfig, ListConfig
 
@@ -33,7 +34,7 @@ from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
 from experiments.goldwaser.layer_errors_claims import check_claims
 from experiments.goldwaser.layer_errors_plot import plot
-from experiments.patching.arch import VARIANTS
+from experiments.patching.variants import VARIANTS
 
 DTYPES = ("float32", "float64")
 
@@ -55,11 +56,12 @@ def _names(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> list[str]:
 def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists, the model's architecture and variants included."""
     from experiments.core.runtime import resolve_device, resolve_dtype
-    from experiments.patching.arch import adapter_for, check_variant
+    from experiments.patching.arch import adapter_for
+    from experiments.patching.variants import check_variant
     from experiments.zoo.loading import check_model
 
     dtypes = _names(cfg, "dtypes", DTYPES)
-    variants = _names(cfg, "variants", VARIANTS)
+    variants = _names(cfg, "variants", tuple(VARIANTS))
     require_positive(cfg, "max_new_tokens")
     prompts = cfg.get("prompts")
     if not isinstance(prompts, (list, ListConfig)) or not prompts or not all(str(p).strip() for p in prompts):
@@ -81,11 +83,12 @@ def validate(cfg: DictConfig) -> None:
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     """Per dtype (the model loaded in it), per variant, per prompt and token: `measure_prompt`."""
     from experiments.core.runtime import resolve_dtype
-    from experiments.zoo.loading import load_model
+    from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
 
-    dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", VARIANTS)
+    ctx.model = model_label(str(cfg.model))
+    dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", tuple(VARIANTS))
     prompts, n_tokens = [str(p) for p in cfg.prompts], int(cfg.max_new_tokens)
     total = len(dtypes) * len(variants) * len(prompts) * n_tokens
     with progress(total, ctx.experiment) as bar:
@@ -108,26 +111,38 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
 
 def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: float, seed: int,
                    original_sensitivity: dict, key=0):
-    """Greedy generation with the context; at each token the patched pass and its per-layer measurements.
-    `original_sensitivity` caches the unpatched model's one-ulp sensitivity by (key, token position)."""
+    """Greedy generation with the context; at each token the patched pass and its per-layer measurements, the
+    unpatched model's distance to the record beside them (the control), and for a closed loop how far its
+    patches are from its open-loop counterpart's. `original_sensitivity` caches the unpatched model's one-ulp
+    sensitivity by (key, token position)."""
     import torch
 
     from experiments.goldwaser.layer_gain import one_ulp_sensitivity
-    from experiments.patching.generate import logit_comparison
+    from experiments.patching.compare import logit_comparison
     from experiments.patching.patcher import Patcher
+    from experiments.patching.variants import VARIANTS
 
     patcher = Patcher(model, variant)
+    counterpart = patcher.variant.open_counterpart(patcher.adapter)
     ids = inputs["input_ids"]
     prefix = {k: v[:, :-1] for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
     cache, query = (patcher.prefill(prefix) if ids.shape[1] > 1 else None), ids[:, -1:]
     for step in range(n_tokens):
-        context, caps, cache = patcher.context_step({"input_ids": query}, cache)
+        ctx = patcher.context_step({"input_ids": query}, cache)
+        context, cache = ctx.logits, ctx.cache
         keep: dict = {}
-        patched = patcher.patched_pass(query, caps, keep=keep)
-        gains = layer_gains(patcher, query, caps, keep, delta_rel, torch.Generator().manual_seed(seed + step))
+        patched = patcher.patched_pass(query, ctx, keep=keep)
+        gains = layer_gains(patcher, query, ctx.targets, keep, delta_rel, torch.Generator().manual_seed(seed + step))
         if (key, step) not in original_sensitivity:
             original_sensitivity[key, step] = one_ulp_sensitivity(model, query)
-        yield dict(step=step, token_id=int(query.view(-1)[0]), patched=patched, gains=gains,
+        per_layer = [dict(g, control_hidden_rel=c) for g, c in
+                     zip(gains, patcher.control_pass(query, ctx.record).hidden_rel, strict=True)]
+        if counterpart:
+            open_keep: dict = {}
+            patcher.patched_pass(query, ctx, keep=open_keep, variant=VARIANTS[counterpart])
+            for row, diff in zip(per_layer, patch_distance(patcher, keep, open_keep), strict=True):
+                row["patch_rel_to_open_loop"] = diff
+        yield dict(step=step, token_id=int(query.view(-1)[0]), patched=patched, per_layer=per_layer,
                    logits=logit_comparison(context, patched.logits),
                    one_ulp_patched=one_ulp_sensitivity(model, query, keep),
                    one_ulp_original=original_sensitivity[key, step])
@@ -155,14 +170,29 @@ def layer_gains(patcher, query, caps, keep: dict, delta_rel: float, generator) -
     return out
 
 
+def patch_distance(patcher, closed: dict, opened: dict) -> list[float]:
+    """Per layer, ‖ΔW_closed − ΔW_open‖ / ‖ΔW_open‖ over the layer's patched tensors (Frobenius, float64):
+    how far the closed loop's patch is from the open loop's, which it equals in exact arithmetic."""
+    params = dict(patcher.model.named_parameters())
+    out = []
+    for name in patcher.layer_names:
+        diff = size = 0.0
+        for key, tensor in opened.items():
+            if key.startswith(name + "."):
+                diff += float((closed[key].double() - tensor.double()).square().sum())
+                size += float((tensor.double() - params[key].detach().double()).square().sum())
+        out.append(math.sqrt(diff / max(size, 1e-300)))
+    return out
+
+
 def log_token(ctx: RunContext, result: dict, **index) -> None:
     idx = dict(index, token=result["step"], token_id=result["token_id"])
     ctx.log_many(result["logits"], **idx)
     ctx.log_many({k: result[k] for k in ("one_ulp_patched", "one_ulp_original")}, **idx)
     patched = result["patched"]
-    for layer, (rel, stats, gains) in enumerate(zip(patched.hidden_rel, patched.layer_stats, result["gains"],
-                                                    strict=True)):
-        ctx.log_many(dict(hidden_rel=rel, dm_linf=stats.dm_linf, **gains), layer=layer, **idx)
+    for layer, (rel, stats, more) in enumerate(zip(patched.hidden_rel, patched.layer_stats, result["per_layer"],
+                                                   strict=True)):
+        ctx.log_many(dict(hidden_rel=rel, dm_linf=stats.dm_linf, **more), layer=layer, **idx)
 
 
 EXPERIMENT = Experiment(

@@ -12,13 +12,17 @@ from matplotlib.ticker import MaxNLocator
 
 from experiments.core.plotting import new_figure, save_figure
 
-COLORS = {"naive": "tab:red", "stable": "tab:orange", "closed_loop_scale": "tab:purple", "closed_loop": "tab:green"}
+COLORS = {"naive": "tab:red", "stable": "tab:orange", "conditioned": "tab:blue", "closed_loop_scale": "tab:purple",
+          "closed_loop": "tab:green", "control": "0.55"}
 LABELS = {"naive": "naive (Alg. 1, open loop)", "stable": "stable (App. B, open loop)",
-          "closed_loop_scale": "closed loop, Thm 10 alone", "closed_loop": "closed loop, W_down conditioned"}
+          "conditioned": "conditioned (open loop)", "closed_loop_scale": "closed loop, Thm 10 alone (construction)",
+          "closed_loop": "closed loop, W_down conditioned (construction)",
+          "control": "control: unpatched, no context"}
 STYLE = {"float32": "--", "float64": "-"}
 # naive and closed_loop_scale compute the same Thm-10 update (their gains and max |Δm| coincide): distinct
 # markers and widths keep both visible where the lines lie on each other
-MARKERS = {"naive": ("o", 2.2), "stable": ("^", 1.2), "closed_loop_scale": ("x", 1.0), "closed_loop": ("s", 1.2)}
+MARKERS = {"naive": ("o", 2.2), "stable": ("^", 1.2), "conditioned": ("v", 1.2), "closed_loop_scale": ("x", 1.0),
+           "closed_loop": ("s", 1.2), "control": ("", 1.0)}
 FLOOR = 1e-20  # exact zeros on a log axis
 
 
@@ -49,18 +53,22 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
         return []
     dtypes = [d for d in ("float32", "float64") if d in set(m["dtype"])]
     variants = [v for v in COLORS if v in set(m["variant"])]
+    control = m[m["metric"] == "control_hidden_rel"]
     fig, axes = new_figure(len(dtypes) + 2, 1, width=3.5, height=3.2)
     axes = axes[0]
     err = m[m["metric"] == "hidden_rel"]
     for ax, dtype in zip(axes, dtypes, strict=False):
         for v in variants:
             _band(ax, err[(err["dtype"] == dtype) & (err["variant"] == v)], v, STYLE[dtype], LABELS[v])
+        ctrl = control[(control["dtype"] == dtype) & (control["variant"] == variants[0])] if variants else control
+        if not ctrl.empty:  # the same unpatched pass for every variant: drawn once
+            _band(ax, ctrl, "control", STYLE[dtype], LABELS["control"])
         ax.axhline(np.finfo(np.dtype(dtype)).eps, color="0.5", ls=":", lw=1, label=f"{dtype} machine ε")
         ax.axhline(1.0, color="0.3", lw=0.8)
-        ax.set_title(f"{dtype}: relative hidden error per layer")
+        ax.set_title(f"{dtype}: each layer's output against the\nindependent record of the with-context pass")
         ax.set_xlabel("layer")
         ax.set_ylabel("max |x′ − x| / max |x|")
-        ax.legend(fontsize=6, loc="upper left")
+        ax.legend(fontsize=6, loc="center right")  # the control sits near 1, the closed loop at rounding level
     ratio = _gain_ratio(m)
     ax = axes[len(dtypes)]
     for v in variants:

@@ -1,4 +1,8 @@
-"""patch_match's figures (Goldwaser et al. Figs. 3–5 and Table 1 as a picture), drawn from metrics.csv alone."""
+"""patch_match's figures (Goldwaser et al. Figs. 3–5 and Table 1 as a picture), drawn from metrics.csv alone.
+
+The open loop (the paper's method) comes first; a closed loop, a construction, is drawn apart and marked so,
+beside its control (the closed loop at the last layer alone), which agrees as well; the paper's numbers are
+drawn over the open loop's only."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.core.plotting import new_figure, save_figure
+from experiments.patching.variants import VARIANTS
 
 CONTEXT_IMAGE = "context_image.png"  # the image of an image-context run, kept beside its CSVs for Fig. 5
 PAPER_BF16_MATCH = {"naive": 87.5, "stable": 98.0}  # % token agreement, TPU bfloat16 (§4.2)
@@ -18,16 +23,28 @@ TOKEN_METRICS = ("logit_linf", "logit_linf_rel", "tvd", "top1_match")
 MAX_SERIES_AS_LINES = 4  # Fig. 3 as the paper draws it (two line plots per series) up to this many series
 
 
+def construction(variant: str) -> bool:
+    """A closed loop (or its control): agreement by design, drawn apart from the paper's open loop."""
+    name = str(variant).split(":")[0]
+    return name in VARIANTS and not VARIANTS[name].evidence
+
+
 def _series(m: pd.DataFrame) -> pd.Series:
-    label = m["dtype"].astype(str) + " " + m["variant"].astype(str)
+    marks = m["variant"].map(lambda v: " (construction)" if construction(v) else "")
+    label = m["dtype"].astype(str) + " " + m["variant"].astype(str) + marks
     if "model" in m and m["model"].nunique() > 1:
         label = m["model"].astype(str) + " " + label
     return label
 
 
+def _ordered(series: pd.Series) -> list[str]:
+    """The series labels, the paper's open loop first, constructions after."""
+    return sorted(series.unique(), key=lambda s: ("(construction)" in s, s))
+
+
 def _per_token(m: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, prompt, step): the per-token metrics side by side."""
-    keep = m[m["metric"].isin([*TOKEN_METRICS, "control_logit_linf", "control_tvd"])].copy()
+    keep = m[m["metric"].isin([*TOKEN_METRICS, "control_logit_linf", "control_tvd", "last_layer_logit_linf"])].copy()
     keep["series"] = _series(keep)
     cols = ["series", "run_id", "context", "prompt", "step"]
     wide = keep.pivot_table(index=cols, columns="metric", values="value", aggfunc="first")
@@ -64,7 +81,7 @@ def _figure_per_token(wide: pd.DataFrame, figures_dir: Path, name: str, title: s
 
     first = wide[wide["prompt"] == wide["prompt"].min()]
     n_prompts = int(wide["prompt"].nunique())
-    series = sorted(first["series"].unique())
+    series = _ordered(first["series"])
     n_tok = int(first.groupby(["series", "run_id"]).size().max())
     fig, axes = new_figure(1, 2 * len(series), width=max(6.0, 0.13 * n_tok), height=1.7, sharex=False)
     floor = 1e-12
@@ -107,7 +124,7 @@ def _figure_per_token_grid(wide: pd.DataFrame, figures_dir: Path, name: str, tit
     where the top-1 tokens differ; each row's label carries its control's median logit L∞. Two panels
     of a few inches instead of two plots per series (a 20-job sweep drew a 70-inch-tall figure)."""
     first = wide[wide["prompt"] == wide["prompt"].min()]
-    series = sorted(first["series"].unique())
+    series = _ordered(first["series"])
     n_tok = int(first.groupby(["series", "run_id"]).size().max())
     grids = {col: np.full((len(series), n_tok), np.nan) for col in ("logit_linf", "tvd")}
     bad = np.zeros((len(series), n_tok), dtype=bool)
@@ -142,7 +159,7 @@ def _figure_per_token_grid(wide: pd.DataFrame, figures_dir: Path, name: str, tit
 def _figure_summary(wide: pd.DataFrame, figures_dir: Path) -> list[Path]:
     """Fig. 4: over all generated tokens of all prompts, the distribution of the logit L∞ per series
     beside its own control, and the top-1 agreement in % with the paper's bfloat16 numbers marked."""
-    series = sorted(wide["series"].unique())
+    series = _ordered(wide["series"])
     # two panels side by side for a few series, stacked for a sweep's many
     wide_layout = len(series) > 3
     fig, axes = new_figure(1, 2, width=min(24.0, 0.45 * 2 * len(series) + 3), height=3.4) if wide_layout \
@@ -159,6 +176,10 @@ def _figure_summary(wide: pd.DataFrame, figures_dir: Path) -> list[Path]:
             data.append(rows["control_logit_linf"].dropna().to_numpy())
             labels.append(f"{s}: control")
             colors.append("0.6")
+        if "last_layer_logit_linf" in rows and rows["last_layer_logit_linf"].notna().any():  # a construction's own
+            data.append(np.maximum(rows["last_layer_logit_linf"].dropna().to_numpy(), 1e-12))
+            labels.append(f"{s}: last layer alone")
+            colors.append("tab:purple")
     boxes = ax.boxplot(data, whis=(0, 100), patch_artist=True)
     for patch, color in zip(boxes["boxes"], colors, strict=True):
         patch.set_facecolor(color)
@@ -170,7 +191,11 @@ def _figure_summary(wide: pd.DataFrame, figures_dir: Path) -> list[Path]:
     ax = axes[0, 1]
     pct = [100 * wide.loc[wide["series"] == s, "top1_match"].mean() for s in series]
     counts = [int((wide["series"] == s).sum()) for s in series]
-    bars = ax.bar(range(len(series)), pct, color="tab:blue")
+    bars = ax.bar(range(len(series)), pct, color=["0.75" if "(construction)" in s else "tab:blue" for s in series],
+                  hatch=None)
+    for b, s in zip(bars, series, strict=True):
+        if "(construction)" in s:
+            b.set_hatch("//")
     for b, p, c in zip(bars, pct, counts, strict=True):
         ax.annotate(f"{p:.1f}%\n(n={c})", (b.get_x() + b.get_width() / 2, p), ha="center", va="bottom", fontsize=7)
     for i, s in enumerate(series):  # the paper's numbers over the bars they compare with (bfloat16 only)
@@ -186,7 +211,8 @@ def _figure_summary(wide: pd.DataFrame, figures_dir: Path) -> list[Path]:
     ax.set_ylim(0, 115)
     ax.set_ylabel("top-1 token agreement (%)")
     n_gen = wide.groupby(["series", "run_id", "prompt"]).ngroups // max(len(series), 1)
-    ax.set_title(f"top-1 agreement over {n_gen} generations per series")
+    ax.set_title(f"top-1 agreement over {n_gen} generations per series"
+                 + ("\n(hatched: construction, exact by design)" if any("(construction)" in s for s in series) else ""))
     return save_figure(fig, figures_dir, "fig4_summary")
 
 
@@ -197,13 +223,21 @@ def _paper_bf16(series: str) -> float | None:
 
 
 def table1(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Per model × dtype × variant: % top-1 agreement, max relative logit L∞, tokens (Table 1's picture)."""
-    top1 = metrics[metrics["metric"] == "top1_match"]
-    rel = metrics[metrics["metric"] == "logit_linf_rel"]
-    keys = [k for k in ("family", "model", "dtype", "variant") if k in top1 and top1[k].notna().all()]
-    out = top1.groupby(keys)["value"].agg(match=lambda v: 100 * v.mean(), tokens="size")
-    out["max_rel_linf"] = rel.groupby(keys)["value"].max() if not rel.empty else float("nan")
-    return out.reset_index()
+    """Per model × dtype × variant: % top-1 agreement, max relative logit L∞, tokens (Table 1's picture); a
+    closed loop's last-layer control as a variant of its own ("closed_loop: last layer alone")."""
+    parts = []
+    for prefix, suffix in (("", ""), ("last_layer_", ": last layer alone")):
+        top1 = metrics[metrics["metric"] == f"{prefix}top1_match"]
+        rel = metrics[metrics["metric"] == f"{prefix}logit_linf_rel"]
+        if top1.empty:
+            continue
+        keys = [k for k in ("family", "model", "dtype", "variant") if k in top1 and top1[k].notna().all()]
+        out = top1.groupby(keys)["value"].agg(match=lambda v: 100 * v.mean(), tokens="size")
+        out["max_rel_linf"] = rel.groupby(keys)["value"].max() if not rel.empty else float("nan")
+        out = out.reset_index()
+        out["variant"] = out["variant"].astype(str) + suffix
+        parts.append(out)
+    return pd.concat(parts, ignore_index=True)
 
 
 def _figure_table1(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
@@ -211,8 +245,10 @@ def _figure_table1(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     logit L∞ (right), each cell annotated; the paper's bfloat16 numbers in the title."""
     t = table1(metrics)
     t["row"] = (t["family"].astype(str) + " (" + t["model"].astype(str) + ")") if "family" in t else t["model"]
-    t["col"] = t["dtype"].astype(str) + "\n" + t["variant"].astype(str)
-    rows, cols = sorted(t["row"].unique()), sorted(t["col"].unique())
+    t["col"] = t["dtype"].astype(str) + "\n" + t["variant"].astype(str).str.replace(": ", ":\n")
+    t["built"] = t["variant"].map(construction)
+    rows = sorted(t["row"].unique())
+    cols = [c for _, c in sorted({(bool(b), c) for b, c in zip(t["built"], t["col"], strict=True)})]  # open first
     fig, axes = new_figure(2, 1, width=max(3.4, 1.0 * len(cols) + 1.8), height=max(2.2, 0.45 * len(rows) + 1.4))
     panels = (("match", "top-1 token agreement (%)", "RdYlGn", (0, 100), "{:.1f}%"),
               ("max_rel_linf", "log10 max |Δlogit| / max |logit|", "viridis", None, "{:.1e}"))
@@ -233,8 +269,14 @@ def _figure_table1(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
         ax.grid(False)
         fig.colorbar(im, ax=ax, fraction=0.05).set_label(label, fontsize=7)
-    axes[0, 0].set_title("token agreement per architecture")
-    axes[0, 1].set_title("max relative logit L∞")
+    n_open = int((~t.drop_duplicates("col")["built"]).sum())
+    if 0 < n_open < len(cols):  # the constructions apart, right of a line
+        for ax in axes[0]:
+            ax.axvline(n_open - 0.5, color="k", lw=2)
+    apart = ("\nright of the line: the closed loop, a construction (exact by design),\nand its control, the "
+             "last layer alone, which agrees as well" if n_open < len(cols) else "")
+    axes[0, 0].set_title("token agreement per architecture" + apart, fontsize=8)
+    axes[0, 1].set_title("max relative logit L∞", fontsize=8)
     fig.suptitle("Table 1 as a picture: patched model without context vs model with context "
                  f"(paper, Gemma 3 1B bfloat16 on TPU: naive {PAPER_BF16_MATCH['naive']}%, "
                  f"stable {PAPER_BF16_MATCH['stable']}%)", fontsize=8)

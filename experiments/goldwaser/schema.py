@@ -13,17 +13,10 @@ from enum import StrEnum
 from typing import Any
 
 from experiments.core.config_schema import default, experiment_schema
+from experiments.patching.variants import VARIANTS
 
-
-class PatchVariant(StrEnum):
-    """experiments/patching/arch's VARIANTS, in its order (tests/goldwaser/test_goldwaser_schema.py
-    keeps them equal)."""
-
-    naive = "naive"
-    stable = "stable"
-    conditioned = "conditioned"
-    closed_loop = "closed_loop"
-    closed_loop_scale = "closed_loop_scale"
+# experiments/patching/variants.py's VARIANTS, in its order: the registry is the one list of names (torch-free)
+PatchVariant = StrEnum("PatchVariant", {name: name for name in VARIANTS})
 
 
 # Fig. 3's prompt (patch_match's, patch_export's, and one of layer_errors')
@@ -37,11 +30,10 @@ class PatchMatch:
     # hub id | local folder | PATH.gguf | offline: gemma-3-270m, qwen2.5-0.5b (real, trained), tiny-gemma3,
     # tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj, tiny-olmo2, gemma3-1b-random, llama3.2-1b-random
     model: str = "meta-llama/Llama-3.2-1B-Instruct"
-    # naive (Alg. 1, open loop) | closed_loop (each layer solved against the patched pass's own input)
-    # | stable (App. B; Gemma 3 only: needs a post-MLP norm)
-    # | conditioned (Gemma 3: open loop, ΔW_down to C·sign(d_C), Eq. 4 divides by ±1)
-    # | closed_loop_scale (Gemma 3: Thm 10 alone in the closed loop)
-    variant: PatchVariant = PatchVariant.closed_loop
+    # the paper's open loop, whose agreement is evidence: naive (Alg. 1) | stable (App. B) | conditioned (W_down to
+    # C·sign(d_C): Eq. 4 divides by ±1); stable and conditioned need a post-MLP norm (Gemma 3, OLMo 2).
+    # A construction, exact by design (its last-layer control runs beside it): closed_loop | closed_loop_scale
+    variant: PatchVariant = PatchVariant.naive
     prompt: str = MARS_PROMPT
     # More generations for Fig. 4: a list, or a text file path with one prompt a line.
     prompts: Any = default([
@@ -60,9 +52,10 @@ class PatchMatch:
     sampling: str = "greedy"
     temperature: float = 1.0
     stop_at_eos: bool = True  # stop a reply at end of sequence / end of turn
-    # also run the patched weights as stock weights (the model's own parameters, no hooks): first token of each
-    # prompt | all | none (patch_match.validate names them)
-    stock_check: str = "first"
+    # also run the patched weights as stock weights (the model's own parameters, no hooks): all tokens | first
+    # token of each prompt | none | auto: all on models up to 50M parameters, first above (+70 % a token on
+    # Gemma 3 270M) (patch_match.validate names them)
+    stock_check: str = "auto"
     control: bool = True  # also run the unpatched model without context (the control)
 
 
@@ -74,9 +67,9 @@ class GemmaMatch(PatchMatch):
     # hub id | local folder | PATH.gguf | offline: gemma-3-270m (real, trained), tiny-gemma3, gemma3-1b-random,
     # tiny-gemma3-vision
     model: str = "google/gemma-3-1b-it"
-    # naive (Alg. 1, open loop) | stable (App. B: RMSNorm inversion, ΔW_down) | closed_loop
+    # naive (Alg. 1, open loop) | stable (App. B: RMSNorm inversion, ΔW_down)
     # | conditioned (open loop, ΔW_down to C·sign(d_C): Eq. 4 divides by ±1)
-    # | closed_loop_scale (Thm 10 alone in the closed loop)
+    # | closed_loop, closed_loop_scale (constructions, exact by design)
     variant: PatchVariant = PatchVariant.naive
 
 
@@ -86,8 +79,10 @@ class PatchExport:
 
     device: str = "cpu"
     model: str = "tiny-gemma3"  # hub id | local folder | offline model (see PatchMatch.model)
-    # naive | closed_loop | stable, conditioned, closed_loop_scale (Gemma 3 only)
-    variant: PatchVariant = PatchVariant.closed_loop
+    # null: an open loop exact on the family (conditioned on Gemma 3 and OLMo 2, naive on Llama, Qwen, Mixtral,
+    # GPT-J: evidence), the closed loop only where none is (GPT-2's learned positions: a construction)
+    # | naive | stable | conditioned | closed_loop | closed_loop_scale
+    variant: PatchVariant | None = None
     prompt: str = MARS_PROMPT
     chat_template: bool = True  # wrap the prompt in the model's chat template when it has one
     # the run folder (EXPERIMENT.run_dir_key: the CLI sets hydra.run.dir from it); null: results/patch_export/<stamp>

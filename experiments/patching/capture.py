@@ -119,3 +119,24 @@ def capture_context(adapter: BlockAdapter, layers: nn.ModuleList) -> Iterator[li
     finally:
         for h in handles:
             h.remove()
+
+
+@contextmanager
+def record_outputs(layers: nn.ModuleList) -> Iterator[list[Tensor]]:
+    """Each layer's output at the query position, by forward hooks of their own into a list of their own:
+    the record that per-layer errors are measured against, independent of the targets handed to solvers
+    (`capture_context`), so that a solver given wrong targets cannot agree with it by construction."""
+    record: list[Tensor | None] = [None] * len(layers)
+
+    def keep(index: int):
+        def hook(_m, _args, output):
+            record[index] = last_position(first_output(output))
+
+        return hook
+
+    handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(layers)]
+    try:
+        yield record  # type: ignore[misc]
+    finally:
+        for h in handles:
+            h.remove()

@@ -20,7 +20,7 @@ import torch
 
 from experiments.core.atomic import save_pretrained, write_json_atomic
 from experiments.core.errors import UserError
-from experiments.patching.generate import logit_comparison
+from experiments.patching.compare import logit_comparison
 from experiments.patching.patcher import Patcher
 from experiments.zoo.bundle import ModelBundle
 from experiments.zoo.prompts import encode_prompt
@@ -48,10 +48,11 @@ def export_patched(bundle: ModelBundle, prompt: str, out_dir: Path, variant: str
     patcher = Patcher(model, variant)
     cache = patcher.prefill({"input_ids": ids[:, :-1]})
     query = ids[:, -1:]
-    reference, caps, _ = patcher.context_step({"input_ids": query}, cache)
+    step = patcher.context_step({"input_ids": query}, cache)
+    reference = step.logits
     control = patcher.control_logits(query)  # the unpatched model, the query alone: what the patch must change
     patched_tensors: dict[str, torch.Tensor] = {}
-    result = patcher.patched_pass(query, caps, keep=patched_tensors)
+    result = patcher.patched_pass(query, step, keep=patched_tensors)
     params = dict(model.named_parameters())
     for name, tensor in patched_tensors.items():
         params[name].copy_(tensor)  # the model is ours (loaded for this export): patch in place
@@ -61,6 +62,7 @@ def export_patched(bundle: ModelBundle, prompt: str, out_dir: Path, variant: str
     check = logit_comparison(reference, result.logits)
     summary = {
         "model": bundle.name, "model_type": model.config.model_type, "prompt": prompt, "variant": variant,
+        "loop": patcher.variant.loop, "evidence": patcher.variant.evidence,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "context_ids": ids[0, :-1].tolist(), "query_id": int(query),
         "reference_top1": int(reference.argmax()), "control_top1": int(control.argmax()),

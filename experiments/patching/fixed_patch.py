@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from experiments.patching.arch.base import CONV1D, EXPERTS, BlockAdapter
+from experiments.patching.compare import comparable
 from experiments.patching.lemmas_ls import input_update_ls, relative_residual
 from experiments.patching.rules import RULES
 from experiments.patching.rules.base import as_rows as _rows
@@ -75,8 +76,9 @@ def _first(out):
 @torch.no_grad()
 def capture_targets(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, start: int,
                     count: int) -> tuple[Tensor, Targets]:
-    """One forward of `input_ids` (the prompt and the reply): the logits (float32) from position `start`
-    on, and each layer's MLP input and output at the positions start .. start + count − 1."""
+    """One forward of `input_ids` (the prompt and the reply): the logits (compare.comparable: float64 for a float64
+    model) from position `start` on, and each layer's MLP input and output at the positions start .. start + count
+    − 1."""
     layers = adapter.layers(model)
     z: list[Tensor | None] = [None] * len(layers)
     out: list[Tensor | None] = [None] * len(layers)
@@ -92,7 +94,7 @@ def capture_targets(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
         handles.append(layer.register_forward_hook(keep_out, with_kwargs=True))
     try:
         keep = input_ids.shape[1] - start  # the LM head only where the reference is read
-        logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits[0].float()
+        logits = comparable(model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits[0])
     finally:
         for h in handles:
             h.remove()
@@ -101,13 +103,14 @@ def capture_targets(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
 
 @torch.no_grad()
 def layer_outputs(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor) -> tuple[Tensor, list[Tensor]]:
-    """A stock forward of `input_ids` (nothing changed in it): (logits (S, V) float32, each layer's output)."""
+    """A stock forward of `input_ids` (nothing changed in it): (logits (S, V) as compare.comparable gives them,
+    each layer's output)."""
     layers = adapter.layers(model)
     outs: list[Tensor | None] = [None] * len(layers)
     handles = [layer.register_forward_hook(lambda _m, _a, o, i=i: outs.__setitem__(i, _rows(_first(o))))
                for i, layer in enumerate(layers)]
     try:
-        logits = model(input_ids=input_ids, use_cache=False).logits[0].float()
+        logits = comparable(model(input_ids=input_ids, use_cache=False).logits[0])
     finally:
         for h in handles:
             h.remove()

@@ -1,11 +1,14 @@
 """Generation with the context, and at every token the patched model without it (Goldwaser §4.1).
 
 For every step the with-context pass runs as in plain KV-cached generation (the cache of the earlier
-steps is reused) and leaves each layer's activations at the query position (hooks). The patched
-model, the query token alone through the model's own forward with every layer patched on the fly
+steps is reused) and leaves each layer's activations at the query position (hooks): the targets the
+patches are computed from, and apart from them the record each layer's error is measured against. The
+patched model, the query token alone through the model's own forward with every layer patched on the fly
 (`patcher.Patcher`), then gives its next-token distribution; both are compared. Nothing recorded is
-fed forward: the recorded activations only define the patches, and the per-layer distance between the
-patched pass's hidden states and the with-context ones is reported (`hidden_linf`).
+fed forward: the targets only define the patches, and the per-layer distance between the patched pass's
+hidden states and the record is reported (`hidden_linf`, `hidden_rel`). Beside it the control, the
+unpatched model on the query alone (its logits, and its per-layer distance to the record), and for a
+closed loop its own control, the closed loop at the last layer alone (`closed_loop_last`).
 
 `patched_generate` is the other direction: the patched model picks every token (and so the next
 query); the with-context pass runs only as far as the per-layer targets, without its LM head.
@@ -24,19 +27,7 @@ import torch
 from torch import Tensor
 
 from experiments.patching.patcher import PatchedPass, Patcher
-
-
-def logit_comparison(reference: Tensor, other: Tensor) -> dict[str, float]:
-    """L∞ of the logit difference (absolute, and relative to max |reference|), the total variation
-    distance ½‖p − q‖₁ of the two softmax distributions, and whether the top-1 tokens agree."""
-    a, b = reference.double(), other.double()
-    linf = float((a - b).abs().max())
-    return {
-        "logit_linf": linf,
-        "logit_linf_rel": linf / max(float(a.abs().max()), 1e-300),
-        "tvd": 0.5 * float((a.softmax(-1) - b.softmax(-1)).abs().sum()),
-        "top1_match": float(int(a.argmax()) == int(b.argmax())),
-    }
+from experiments.patching.variants import CLOSED, VARIANTS, ClosedLoopLastLayer
 
 
 @dataclass
@@ -48,11 +39,12 @@ class Step:
     patched_token_id: int  # what the patched model would have chosen
     context: Tensor  # with-context logits
     patched: PatchedPass
-    control: Tensor | None  # unpatched, no-context logits
+    control: PatchedPass | None  # the unpatched model, no context: logits and per-layer distance to the record
     baseline_ms: float  # the with-context, KV-cached step: plain generation's cost
     patch_ms: float  # Algorithm 1 + the patched forward
     control_ms: float = 0.0
     stock: Tensor | None = None  # the patched weights' stock forward (Patcher.stock_logits), where checked
+    last_layer: PatchedPass | None = None  # a closed loop's control: the closed loop at the last layer alone
 
     @property
     def patched_ms(self) -> float:
@@ -105,23 +97,28 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
                        stock_at: Callable[[int], bool] = lambda step: False) -> Iterator[Step]:
     """§4.1: generate with the context; at every step patch for the whole prefix, compare, and go on
     with the baseline's token (also after a top-1 mismatch). At the steps `stock_at` picks, the patched
-    tensors are also run as stock weights (`Patcher.stock_logits`)."""
+    tensors are also run as stock weights (`Patcher.stock_logits`). With `control`, the unpatched model
+    without the context; and for a closed loop, the closed loop at the last layer alone."""
     ids = inputs["input_ids"]
     cache, query = _prefill_context(patcher, inputs)
+    last_layer = VARIANTS[ClosedLoopLastLayer.name] if control and patcher.variant.loop == CLOSED else None
     for step in range(max_new_tokens):
         t0 = _now()
-        context, caps, cache = patcher.context_step({"input_ids": query}, cache)
+        ctx = patcher.context_step({"input_ids": query}, cache)
+        cache = ctx.cache
         baseline_ms = _ms(t0)
         t0 = _now()
         keep = {} if stock_at(step) else None
-        patched = patcher.patched_pass(query, caps, keep=keep)
+        patched = patcher.patched_pass(query, ctx, keep=keep)
         patch_ms = _ms(t0)
         t0 = _now()
-        ctrl = patcher.control_logits(query) if control else None
+        ctrl = patcher.control_pass(query, ctx.record) if control else None
         control_ms = _ms(t0) if control else 0.0
         stock = patcher.stock_logits(query, keep) if keep is not None else None
-        token, patched_token = choose(context, patched.logits)
-        yield Step(step, token, patched_token, context, patched, ctrl, baseline_ms, patch_ms, control_ms, stock)
+        last = patcher.patched_pass(query, ctx, variant=last_layer) if last_layer is not None else None
+        token, patched_token = choose(ctx.logits, patched.logits)
+        yield Step(step, token, patched_token, ctx.logits, patched, ctrl, baseline_ms, patch_ms, control_ms, stock,
+                   last)
         if stop_ids and token in stop_ids:
             break
         query = torch.tensor([[token]], device=ids.device)
@@ -152,10 +149,11 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
     cache, query = _prefill_context(patcher, inputs)
     for step in range(max_new_tokens):
         t0 = _now()
-        _, caps, cache = patcher.context_step({"input_ids": query}, cache, logits=False)
+        ctx = patcher.context_step({"input_ids": query}, cache, logits=False)
+        cache = ctx.cache
         context_ms = _ms(t0)
         t0 = _now()
-        token = choose(patcher.patched_pass(query, caps).logits)
+        token = choose(patcher.patched_pass(query, ctx).logits)
         patch_ms = _ms(t0)
         yield GeneratedToken(step, token, context_ms, patch_ms)
         if stop_ids and token in stop_ids:

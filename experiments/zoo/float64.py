@@ -3,22 +3,29 @@
 transformers computes some steps in float32 whatever the model's dtype, so a model cast to float64 is
 not float64 end to end:
 - RMSNorm (Gemma's `_norm(x.float()) * (1 + w.float())`, Llama's and Mixtral's `x.to(float32)`);
-- rotary tables (`position_ids.float() * inv_freq.float()`, then cos/sin in float32);
+- rotary tables (`position_ids.float() * inv_freq.float()`, then cos/sin in float32), from inverse
+  frequencies that transformers computes in float32 (`1 / base ** (arange / dim)` rounded to float32);
 - eager attention's softmax (`softmax(..., dtype=float32)`): float64 models run SDPA instead, which
   computes in the inputs' dtype.
 `exact_float64_(model)` gives those modules an instance `forward` that computes in float64: the same
-formula, the same parameters and buffers (the rotary frequencies keep their stored values, which float64
-holds exactly), no rounding to float32 anywhere. A float64 run then separates an algorithm from rounding:
-a patch that is exact in exact arithmetic is exact to float64's ~1e-16 (tested on the real Gemma 3 block).
+formula, the same parameters, no rounding to float32 anywhere; the rotary inverse frequencies are computed
+again in float64 from the config (`float64_inv_freq`: the default, linear and llama3 rope types; another
+type keeps its stored float32 values and says so in one warning). A float64 run then separates an algorithm
+from rounding: a patch that is exact in exact arithmetic is exact to float64's ~1e-16 (tested on the real
+Gemma 3 block).
 Only float64 models are touched; float32 and bfloat16 ones keep transformers' code as it is.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import types
 
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 def exact_float64_(model: nn.Module) -> nn.Module:
@@ -30,6 +37,7 @@ def exact_float64_(model: nn.Module) -> nn.Module:
         if kind.endswith("RMSNorm"):
             module.forward = types.MethodType(_gemma_rms_forward if _one_plus(module) else _rms_forward, module)
         elif kind.endswith("RotaryEmbedding") and _has_inv_freq(module):  # (GPT-J's is a stored table)
+            module.inv_freq64 = _float64_tables(module)
             module.forward = types.MethodType(_rotary_forward, module)
     for config in (getattr(model, "config", None), getattr(getattr(model, "config", None), "text_config", None)):
         if config is not None and getattr(config, "_attn_implementation", None) == "eager":
@@ -66,9 +74,52 @@ def _rms_forward(self, x: torch.Tensor) -> torch.Tensor:
     return (self.weight.double() * _normalize(self, x.double())).type_as(x)
 
 
+def float64_inv_freq(rope: dict, head_dim: int) -> torch.Tensor | None:
+    """The rotary inverse frequencies of one rope-parameter dict (transformers' `config.rope_parameters`),
+    computed in float64: 1 / base^(2i / dim) for the default type, divided by `factor` for linear, with
+    Llama 3's wavelength-dependent scaling for llama3; None for another type."""
+    kind = rope.get("rope_type", "default")
+    dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    inv = 1.0 / float(rope["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(rope["factor"])
+    if kind == "llama3":  # low frequencies divided by `factor`, high ones kept, the band between interpolated
+        factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        context = float(rope["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (context / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > context / low, inv / factor, inv)
+        medium = (wavelen >= context / high) & (wavelen <= context / low)
+        return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    return None
+
+
+def _float64_tables(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Per buffer prefix ("" or a layer type's "sliding_attention_"), the float64 inverse frequencies; the stored
+    float32 ones where the rope type has no float64 formula here."""
+    config = module.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = getattr(config, "rope_parameters", None) or {}
+    tables = {}
+    for name, buffer in module.named_buffers(recurse=False):
+        if not name.endswith("inv_freq") or name.endswith("original_inv_freq"):
+            continue
+        prefix = name[: -len("inv_freq")]
+        params = rope.get(prefix[:-1], rope) if prefix else rope
+        inv = float64_inv_freq(params, head_dim) if "rope_theta" in params else None
+        if inv is None or inv.shape != buffer.shape:
+            log.warning("float64: %s rope type %r has no float64 formula here; its inverse frequencies keep their "
+                        "float32 values", type(module).__name__, params.get("rope_type"))
+            inv = buffer.double()
+        tables[prefix] = inv.to(buffer.device)
+    return tables
+
+
 def _rotary_forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
     prefix = f"{layer_type}_" if layer_type else ""
-    inv_freq = getattr(self, f"{prefix}inv_freq").to(device=x.device, dtype=torch.float64)
+    inv_freq = self.inv_freq64[prefix].to(device=x.device)
     scaling = getattr(self, f"{prefix}attention_scaling", 1.0)
     freqs = position_ids[..., None].double() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)

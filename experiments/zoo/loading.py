@@ -177,6 +177,21 @@ def resolve_config(name: str):
     return config, local_only
 
 
+def weights_kind(name: str) -> str:
+    """Where a model's weights come from, in a word: trained (offline, from the package registry), random (an
+    offline test model), local (a folder or GGUF here) or hub. A failed claim reads differently on each."""
+    if name in OFFLINE_MODELS:
+        return "random"
+    if name in REAL_OFFLINE_MODELS:
+        return "trained"
+    return "local" if Path(name).expanduser().exists() else "hub"
+
+
+def model_label(name: str) -> str:
+    """`gemma-3-270m (trained)`: what run.json and the report say a run's claims were measured on."""
+    return f"{name} ({weights_kind(name)})"
+
+
 def local_checkpoint(name: str) -> str:
     """`name` itself, or for a GGUF (model=gemma-3-270m, qwen2.5-0.5b, PATH.gguf) its converted folder in the cache."""
     from experiments.zoo import gguf

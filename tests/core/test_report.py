@@ -236,3 +236,19 @@ def test_a_sweeps_jobs_are_in_numeric_order():
     jobs = [Path(f"patch_match/sweep/{n}/run.json") for n in (10, 2, 0, 11, 1)]
     assert [p.parts[2] for p in sorted(jobs, key=path_order)] == ["0", "1", "2", "10", "11"]
     assert sorted([Path("b/1"), Path("a/2"), Path("a/10")], key=path_order) == [Path("a/2"), Path("a/10"), Path("b/1")]
+
+
+def test_construction_claims_are_shown_apart_after_the_evidence(tmp_path):
+    """A closed loop's claims (`.construction.` in the id) follow the paper's claims under their own note, in
+    report.md and report.html alike, never in the same table."""
+    root = tmp_path / "results"
+    make_run(root / "patch_match" / "a", "patch_match", "2026-01-01T00:00:00",
+             [claim("goldwaser.construction.closed_loop_float32_logits", 1e-7, True),
+              claim("goldwaser.fig3.naive_float32_top1_match", 100.0, True, ">=", 100.0, paper_value=100.0)])
+    report = build_report(root)
+    md = render_markdown(report)
+    evidence, built, note = (md.index("goldwaser.fig3.naive_float32_top1_match"),
+                             md.index("goldwaser.construction.closed_loop_float32_logits"), md.index("Construction:"))
+    assert evidence < note < built
+    html = render_html(report)
+    assert html.index("naive_float32_top1_match") < html.index("Construction:") < html.index("closed_loop_float32")

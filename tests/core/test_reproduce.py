@@ -43,3 +43,18 @@ def test_reproduce_a_subset_at_smoke(tmp_path):
     claims = pd.read_csv(root / "factorization" / "claims.csv")
     assert claims["id"].notna().all() and claims["id"].str.startswith("dherin.").all()
     assert (root / "report.html").stat().st_size > 10_000  # figures embedded
+
+
+def test_reproduce_sweeps_what_an_experiment_asks_and_the_report_names_the_model(tmp_path):
+    """gemma_match's reproduce sweep: the paper's Algorithm 1 and the conditioned open loop, two jobs in one
+    folder; the report shows both variants' claims, each with the model it was measured on and its weights."""
+    root = tmp_path / "rep"
+    proc = run_cli("reproduce", "preset=smoke", "--only", "gemma_match", "gemma_match:prompts=[]",
+                   "gemma_match:max_new_tokens=2", "--results", str(root))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    overrides = [json.loads((root / "gemma_match" / job / "run.json").read_text())["overrides"] for job in "01"]
+    assert [o for job in overrides for o in job if o.startswith("variant=")] == ["variant=naive", "variant=conditioned"]
+    report = (root / "report.md").read_text()
+    assert "goldwaser.fig3.naive_float32_top1_match" in report
+    assert "goldwaser.fig3.conditioned_float32_top1_match" in report
+    assert "tiny-gemma3 (random)" in report

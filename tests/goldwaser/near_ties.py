@@ -26,7 +26,7 @@ def bf16_ulp(x: float) -> float:
 def near_tie_misses(run_dir: Path) -> list[dict]:
     """Every top-1 miss of a patch_match / gemma_match run, with the with-context top-2 gap and the
     bound it is judged against (BF16_ULPS ulps of bfloat16 at max |logit|)."""
-    from experiments.goldwaser.patch_match import prompt_list
+    from experiments.goldwaser.common import prompt_list
     from experiments.zoo.loading import load_model
     from experiments.zoo.prompts import encode_prompt
 

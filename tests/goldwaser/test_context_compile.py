@@ -65,8 +65,8 @@ def test_experiment_smoke_sweep_with_per_token_upper_bound(smoke_run):
     assert set(m.loc[m["method"] == "fixed", "k"].dropna().astype(int)) == {1, 4}
     claims = pd.read_csv(out / "claims.csv").set_index("id")
     for k in (1, 4):
-        assert bool(claims.loc[f"context_compile.fit.exact_k{k}", "passed"])
-        assert bool(claims.loc[f"context_compile.fit.perturbed_k{k}_detected", "passed"])
+        assert bool(claims.loc[f"context_compile.construction.fit_exact_k{k}", "passed"])
+        assert bool(claims.loc[f"context_compile.construction.fit_perturbed_k{k}_detected", "passed"])
     assert "context_compile.heldout.k4_above_control" in claims.index  # measured; on random weights it may fail
     assert (out / "figures" / "fit_per_layer.png").is_file()
 
@@ -136,7 +136,7 @@ def test_claims_pass_on_an_exact_fit_and_fail_on_a_broken_one(tmp_path):
     good = _claims_for(tmp_path, 1e-7, 1.0)
     assert good["passed"].all(), good
     bad = _claims_for(tmp_path, 1e-2, 0.5)
-    assert not bool(bad.loc["context_compile.fit.exact_k2", "passed"])
+    assert not bool(bad.loc["context_compile.construction.fit_exact_k2", "passed"])
     assert not bool(bad.loc["context_compile.checkpoint.reproduced", "passed"])
 
 

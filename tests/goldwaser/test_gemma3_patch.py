@@ -9,24 +9,34 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from experiments.patching.gemma3 import (
-    DOWN,
-    GATE,
-    SCALE,
-    UP,
-    divide_or_zero,
-    input_patch_factors,
-    rms_normalize,
-    scale_patch,
-)
-from experiments.patching.gemma3_stable import rms_multiplier, unit_rms_minimizer
-from experiments.patching.generate import compare_generation, logit_comparison
+from experiments.patching.app_b_inversion import rms_multiplier, unit_rms_minimizer
+from experiments.patching.compare import logit_comparison
+from experiments.patching.generate import compare_generation
+from experiments.patching.lemmas import divide_or_zero, scale_update
+from experiments.patching.lemmas import input_update as input_patch_factors
+from experiments.patching.open_loop import run_layer
 from experiments.patching.patcher import Patcher
 from experiments.patching.rank1 import rank1_update
+from experiments.patching.rules.scale import scale_input
+from experiments.patching.variants import VARIANTS
 from tests.gemma_fixtures import prompt_inputs, state_snapshot, tiny
 
 # rounding-level bounds: CI runs them again under another CPU kernel set; one thread (tests/conftest.py)
 pytestmark = [pytest.mark.numeric, pytest.mark.usefixtures("one_thread")]
+
+
+GATE, UP, DOWN, SCALE = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                         "post_feedforward_layernorm.weight")
+
+
+def scale_patch(v_c, v, f_c):
+    """Δm = (v_C − v) ⊘ f_C (Eq. 4): Thm 10's elementwise-scale update with r = v_C − v."""
+    return scale_update(v_c - v, f_c)
+
+
+def rms_normalize(norm, x):
+    """Gemma3RMSNorm without its scale, in the dtype the norm computes in (float32; float64 for float64)."""
+    return scale_input(norm, x, torch.float64 if x.dtype == torch.float64 else torch.float32)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -77,25 +87,25 @@ def _layer_setup(dtype: torch.dtype, layer_index: int = 1, variant: str = "naive
     patcher = Patcher(bundle.model, variant)
     ids = prompt_inputs(bundle)["input_ids"]
     cache = patcher.prefill({"input_ids": ids[:, :-1]})
-    _, caps, _ = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
+    caps = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
     layer = patcher.layers[layer_index]
     kind = patcher.text_config.layer_types[layer_index]
-    x = caps[layer_index].x_in.view(1, 1, -1)
+    x = caps.targets[layer_index].x_in.view(1, 1, -1)
     rope = patcher.lm.rotary_emb(x, torch.zeros(1, 1, dtype=torch.long), kind)
-    return patcher, layer, caps[layer_index], x, rope
+    return patcher, layer, caps.targets[layer_index], x, rope
 
 
 def test_theorem1_step_by_step_on_a_gemma3_decoder_layer_float64():
     patcher, layer, cap, x, rope = _layer_setup(torch.float64)
     # Step 0: v = A(∅, x) is what the layer itself computes before its MLP for x alone.
     kwargs = {"position_embeddings": rope, "attention_mask": None}
-    alone, _ = patcher._run(layer, (), kwargs, x, {}, stop_at_mlp=True)
+    alone, _ = run_layer(patcher.adapter, layer, (), kwargs, x, {}, stop_at_mlp=True)
     plain = layer(x, **kwargs)
     v = attention_residual(layer, x, rope)
     torch.testing.assert_close(v.view(-1), alone["v"], rtol=1e-12, atol=1e-12)
     assert (cap.v_c - v.view(-1)).abs().max() > 0.1  # the context matters (else the test is vacuous)
 
-    patcher.patch_layer(layer, cap, x, (), kwargs)
+    patcher.variant.fill(patcher, layer, cap, x, (), kwargs)
     bufs = patcher.bufs
     z_c = layer.pre_feedforward_layernorm(cap.v_c)
     z = layer.pre_feedforward_layernorm(v.view(-1))
@@ -123,7 +133,7 @@ def test_patched_weights_are_rounded_to_the_model_dtype_and_the_model_is_untouch
     patcher, layer, cap, x, rope = _layer_setup(torch.bfloat16, variant="stable")
     before = state_snapshot(patcher.model)
     kwargs = {"position_embeddings": rope, "attention_mask": None}
-    patcher.patch_layer(layer, cap, x, (), kwargs)
+    patcher.variant.fill(patcher, layer, cap, x, (), kwargs)
     bufs = patcher.bufs
     assert {GATE, UP, DOWN, SCALE} == set(bufs.tensors)
     assert all(t.dtype == torch.bfloat16 for t in bufs.tensors.values())
@@ -135,8 +145,8 @@ def test_patched_weights_are_rounded_to_the_model_dtype_and_the_model_is_untouch
     assert torch.equal(bufs.tensors[GATE], (W + torch.outer(u, s)).bfloat16())
     after = state_snapshot(patcher.model)
     assert all(torch.equal(before[k], after[k]) for k in before)
-    patcher.variant = "naive"
-    patcher.patch_layer(layer, cap, x, (), kwargs)
+    patcher.variant = VARIANTS["naive"]
+    patcher.variant.fill(patcher, layer, cap, x, (), kwargs)
     assert DOWN not in bufs.tensors  # naive leaves W_down alone
 
 
@@ -146,11 +156,11 @@ def test_empty_context_gives_zero_patches_and_the_stock_forward():
     bundle = tiny(torch.float32)
     patcher = Patcher(bundle.model, "naive")
     query = torch.tensor([[42]])
-    context, caps, _ = patcher.context_step({"input_ids": query}, None)
-    result = patcher.patched_pass(query, caps)
+    step = patcher.context_step({"input_ids": query}, None)
+    result = patcher.patched_pass(query, step)
     assert result.dm_linf == 0.0
     assert torch.equal(result.logits, patcher.control_logits(query))
-    assert torch.equal(result.logits, context)
+    assert torch.equal(result.logits, step.logits)
 
 
 # -- Algorithm 1 across layers, generation -------------------------------------------------------
@@ -186,7 +196,7 @@ def test_float32_logits_and_tokens_match_with_the_context_and_the_control_does_n
     for variant in ("naive", "stable"):
         steps = _run(torch.float32, variant, prompt="Write a haiku about the first snow of winter.")
         cmp = [logit_comparison(st.context, st.patched.logits) for st in steps]
-        ctrl = [logit_comparison(st.context, st.control) for st in steps]
+        ctrl = [logit_comparison(st.context, st.control.logits) for st in steps]
         for st, c in zip(steps, cmp, strict=True):
             bound = _rounding_bound(variant, st.patched.dm_linf)
             assert c["logit_linf_rel"] <= bound, (variant, st.step, c["logit_linf_rel"], bound)

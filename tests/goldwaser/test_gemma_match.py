@@ -39,7 +39,8 @@ def test_smoke_run_writes_metrics_claims_and_figures(tmp_path):
     assert m.loc[m["metric"] == "control_logit_linf", "value"].min() > 0.1  # the control does not
     assert len(m[m["metric"] == "hidden_linf"]) == 12 * 4  # one per layer and token
     claims = pd.read_csv(run_dir / "claims.csv")
-    assert len(claims) == 3 and claims["passed"].all(), claims.to_string()
+    assert len(claims) == 4 and claims["passed"].all(), claims.to_string()
+    assert claims["id"].str.endswith("stock_forward").sum() == 1  # the patched weights' stock forward, too
     assert (run_dir / "figures" / "fig3_per_token.png").is_file()
     assert (run_dir / "figures" / "fig4_summary.pdf").is_file()
 

@@ -8,12 +8,6 @@ import pytest
 
 from cli.overrides import validate
 from experiments.core.errors import UserError
-from experiments.goldwaser.schema import PatchVariant
-from experiments.patching.arch import VARIANTS
-
-
-def test_schema_variants_are_the_patchers():
-    assert tuple(v.value for v in PatchVariant) == VARIANTS
 
 
 @pytest.mark.parametrize("name, override, said", [

@@ -7,7 +7,7 @@ import json
 import logging
 
 from experiments.core.results import RunContext
-from experiments.goldwaser.patch_match import flag_random_weights, weights_origin
+from experiments.goldwaser.common import flag_random_weights, weights_origin
 
 
 def _ctx(tmp_path, passed: bool) -> RunContext:

@@ -28,12 +28,13 @@ def test_smoke_run_on_gpt2_bfloat16_writes_metrics_and_claims(smoke_runs, tmp_pa
     # with AVX2, where step 5 of prompt 0 has a gap of 0.03 at max |logit| 9.75)
     assert_misses_are_near_ties(run_dir)
     claims = pd.read_csv(run_dir / "claims.csv").set_index("id")
-    assert set(claims.index) == {"goldwaser.fig4.closed_loop_bfloat16_top1_match",
-                                 "goldwaser.fig3.closed_loop_bfloat16_control_differs"}
-    match = claims.loc["goldwaser.fig4.closed_loop_bfloat16_top1_match"]
+    # a closed loop: construction claims only, its last-layer control beside it, no paper's number
+    assert set(claims.index) == {"goldwaser.construction.closed_loop_bfloat16_top1_match",
+                                 "goldwaser.construction.closed_loop_bfloat16_last_layer_control_top1"}
+    assert claims["paper_value"].isna().all()
+    match = claims.loc["goldwaser.construction.closed_loop_bfloat16_top1_match"]
     assert match["measured"] == pytest.approx(100 * top1["value"].mean())
     assert bool(match["passed"]) == (match["measured"] >= match["tolerance"])
-    assert claims.loc["goldwaser.fig3.closed_loop_bfloat16_control_differs", "passed"]
     # the near-tie check can fail: a miss where the top-2 gap is wide is not excused
     wide = tmp_path / "wide"
     shutil.copytree(run_dir, wide)
@@ -52,38 +53,62 @@ def test_sweep_over_two_architectures_draws_table1(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert (sweep / "figures" / "table1_architectures.png").is_file()
     claims = pd.read_csv(sweep / "claims.csv")
-    # 3 claims a job, and the stock forward's in the two float32 closed-loop jobs
-    assert len(claims) == 4 * 3 + 2 and claims["passed"].all(), claims.to_string()
+    assert claims["passed"].all(), claims.to_string()
+    assert claims["id"].str.startswith("goldwaser.construction.closed_loop").sum() == 2 * 5
 
 
-def _metrics(patched_linf: float, match: float, control_linf: float = 5.0) -> pd.DataFrame:
+def _metrics(patched_linf: float, match: float, control_linf: float = 5.0, variant: str = "naive",
+             layer_rel=(1e-7,) * 4, last_layer_rel=(0.3, 0.3, 0.3, 1e-7)) -> pd.DataFrame:
     rows = []
     for step in range(4):
         idx = dict(experiment="patch_match", run_id="r", prompt=0, step=step, model="tiny-llama", family="Llama",
-                   dtype="float32", variant="closed_loop")
+                   dtype="float32", variant=variant)
         rows += [dict(idx, metric="top1_match", value=match), dict(idx, metric="logit_linf", value=patched_linf),
                  dict(idx, metric="logit_linf_rel", value=patched_linf / 10),
                  dict(idx, metric="control_logit_linf", value=control_linf)]
+        if variant == "closed_loop":
+            rows += [dict(idx, metric="last_layer_logit_linf_rel", value=patched_linf / 10)]
+            rows += [dict(idx, metric="hidden_rel", layer=layer, value=v) for layer, v in enumerate(layer_rel)]
+            rows += [dict(idx, metric="last_layer_hidden_rel", layer=layer, value=v)
+                     for layer, v in enumerate(last_layer_rel)]
     return pd.DataFrame(rows)
 
 
-def test_claims_fail_on_a_wrong_input(tmp_path):
+def _claims(tmp_path, metrics: pd.DataFrame, variant: str) -> pd.DataFrame:
     import torch
 
-    good = RunContext(run_dir=tmp_path, experiment="patch_match", run_id="r", device=torch.device("cpu"))
-    check_claims(good, _metrics(1e-6, 1.0), torch.float32, "closed_loop", True, "tiny-llama")
-    assert good.claims()["passed"].all()
+    ctx = RunContext(run_dir=tmp_path, experiment="patch_match", run_id="r", device=torch.device("cpu"))
+    check_claims(ctx, metrics, torch.float32, variant, True, "tiny-llama")
+    return ctx.claims().set_index("id")
+
+
+def test_claims_fail_on_a_wrong_input(tmp_path):
+    good = _claims(tmp_path, _metrics(1e-6, 1.0), "naive")
+    assert good["passed"].all() and good.index.str.startswith("goldwaser.fig3.naive").any()
     # what the patched logits would look like if they were the control's: every claim must fail
-    bad = RunContext(run_dir=tmp_path, experiment="patch_match", run_id="r", device=torch.device("cpu"))
-    check_claims(bad, _metrics(5.0, 0.0), torch.float32, "closed_loop", True, "tiny-llama")
-    assert not bad.claims()["passed"].any()
+    bad = _claims(tmp_path, _metrics(5.0, 0.0), "naive")
+    assert not bad["passed"].any()
+
+
+def test_closed_loop_claims_are_construction_and_fail_on_broken_targets(tmp_path):
+    """A closed loop's logit agreement holds for any targets (the audit: random targets for every layer but
+    the last, logits still exact): its claims are labelled construction, and the per-layer ones, measured
+    against the independent record, fail on such an input while the logit ones still pass."""
+    good = _claims(tmp_path, _metrics(1e-6, 1.0, variant="closed_loop"), "closed_loop")
+    assert good.index.str.startswith("goldwaser.construction.closed_loop_float32").all(), good.index
+    assert good["passed"].all() and good["paper_value"].isna().all()
+    broken = _claims(tmp_path, _metrics(1e-6, 1.0, variant="closed_loop", layer_rel=(0.8, 1.1, 0.9, 1e-7)),
+                     "closed_loop")
+    per_layer = broken.index.str.contains("every_layer")
+    assert per_layer.sum() == 2 and not broken.loc[per_layer, "passed"].any()
+    assert broken.loc[~per_layer, "passed"].all()  # the logits: a construction agrees whatever the targets
 
 
 def test_a_prompt_longer_than_the_models_positions_is_one_line_before_generation():
     from transformers import GPT2Config
 
     from experiments.core.errors import UserError
-    from experiments.goldwaser.patch_match import check_context_length
+    from experiments.goldwaser.common import check_context_length
 
     config = GPT2Config(n_positions=16)
     check_context_length(config, [5, 8], 8)  # 16 positions: fits exactly

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.patching.generate import compare_generation, logit_comparison
+from experiments.patching.compare import logit_comparison
+from experiments.patching.generate import compare_generation
 from experiments.patching.patcher import Patcher
 from experiments.zoo.prompts import encode_prompt
 
@@ -85,7 +86,7 @@ def test_the_open_loop_holds_once_eq4_divides_by_plus_minus_one(gemma32, gemma64
 def test_closed_loop_float32_matches_and_the_control_does_not(gemma32):
     for st in steps(gemma32, "closed_loop"):
         patched = logit_comparison(st.context, st.patched.logits)
-        control = logit_comparison(st.context, st.control)
+        control = logit_comparison(st.context, st.control.logits)
         assert st.token_id == st.patched_token_id and patched["logit_linf_rel"] < 1e-5, patched
         assert control["logit_linf_rel"] > 1e3 * patched["logit_linf_rel"], control
 
@@ -112,12 +113,16 @@ def test_naive_float32_result_is_recorded_as_measured(gemma32):
     assert st.patched.hidden_rel[-1] > 1.0  # O(1) off by the last layer (measured: ~50)
 
 
-def test_exported_closed_loop_checkpoint_reproduces_the_context_in_stock_transformers(icl, tmp_path):
+def test_exported_checkpoint_by_default_is_the_conditioned_open_loop_and_reproduces_the_context(icl, tmp_path):
+    """patch export's default on a post-norm block is the conditioned open loop (evidence, not the closed loop's
+    construction): its checkpoint, reloaded by stock transformers, reproduces the with-context logits."""
     out = tmp_path / "export"
     r = icl("patch", "export", "model=gemma-3-270m", f"prompt={PROMPT}", f"out={out}")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "patched by variant=conditioned (the paper's open loop: evidence for Thm 1)" in r.stdout
     claims = pd.read_csv(out / "claims.csv").set_index("id")
     assert claims.loc["goldwaser.export.top1_reproduced", "passed"]
     assert claims.loc["goldwaser.export.logits_reproduced", "passed"]
     assert claims.loc["goldwaser.export.logits_reproduced", "measured"] < 1e-4
-    assert json.loads((out / "inputs.json").read_text())["variant"] == "closed_loop"
+    inputs = json.loads((out / "inputs.json").read_text())
+    assert inputs["variant"] == "conditioned" and inputs["evidence"] is True

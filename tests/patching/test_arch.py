@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from experiments.core.errors import UserError
-from experiments.patching.arch import adapter_for, check_variant
-from experiments.patching.generate import compare_generation, logit_comparison, patched_generate
+from experiments.patching.arch import adapter_for
+from experiments.patching.compare import logit_comparison
+from experiments.patching.generate import compare_generation, patched_generate
 from experiments.patching.patcher import Patcher
+from experiments.patching.variants import VARIANTS, check_variant, export_default
 from experiments.zoo.loading import TINY_ARCHITECTURES, load_model
 from experiments.zoo.prompts import encode_prompt
 
@@ -38,16 +40,59 @@ LEVEL = {"tiny-gemma3": 1e-5}
 
 
 @pytest.mark.parametrize("name", TINY_ARCHITECTURES)
-def test_closed_loop_float64_equals_the_model_with_context_and_the_control_does_not(name):
+def test_closed_loop_float64_is_exact_by_construction_and_so_is_its_last_layer_control(name):
+    """The closed loop solves each layer for the with-context output: exact by design. Its control, the same
+    solve at the last layer alone, reaches the same logits from hidden states far from the record at every
+    other layer: logit agreement of a closed loop is no evidence; its per-layer error against the record is
+    what tells them apart. The unpatched model without the context is far off on both counts."""
     steps = _steps(name, torch.float64, "closed_loop")
     for st in steps:
         cmp = logit_comparison(st.context, st.patched.logits)
-        ctrl = logit_comparison(st.context, st.control)
+        last = logit_comparison(st.context, st.last_layer.logits)
+        ctrl = logit_comparison(st.context, st.control.logits)
         assert cmp["logit_linf_rel"] < LEVEL.get(name, 1e-10), (name, st.step, cmp)
+        assert last["logit_linf_rel"] < LEVEL.get(name, 1e-10), (name, st.step, last)
         assert max(st.patched.hidden_rel) < LEVEL.get(name, 1e-10)
-        assert ctrl["logit_linf"] > 0.1  # without the patch the token alone is far off
+        assert min(st.last_layer.hidden_rel[:-1]) > 1e-3 and st.last_layer.hidden_rel[-1] < LEVEL.get(name, 1e-10)
+        assert ctrl["logit_linf"] > 0.1 and min(st.control.hidden_rel) > 1e-3  # without a patch: far off
         assert st.patched.routing_changed == 0
-    assert sum(logit_comparison(st.context, st.control)["top1_match"] for st in steps) < len(steps)
+    assert sum(logit_comparison(st.context, st.control.logits)["top1_match"] for st in steps) < len(steps)
+
+
+def _broken(step, generator):
+    """The solvers' targets of every layer but the last replaced by random vectors of the same norm (a
+    layer's output and the next layer's input alike); the record is left alone."""
+    targets = step.targets
+    for index in range(len(targets) - 1):
+        out = targets[index].values["out"]
+        fake = torch.randn(out.shape, generator=generator, dtype=torch.float64).to(out.dtype)
+        fake = fake * (out.norm() / fake.norm())
+        targets[index].values["out"] = fake
+        targets[index + 1].values["x_in"] = fake.clone()
+    return step
+
+
+@pytest.mark.parametrize("name", TINY_ARCHITECTURES)
+def test_broken_targets_show_in_every_variants_errors_against_the_record(name):
+    """The audit's broken input: wrong targets for every layer but the last. The closed loop still reaches
+    the with-context logits (one layer forces any output: a construction), but its per-layer error against
+    the independent record is O(1) where the targets were wrong; the open loop is wrong everywhere."""
+    b = _bundle(name, torch.float64)
+    ids = encode_prompt(b, PROMPT)["input_ids"]
+    for variant in ("closed_loop", "naive"):
+        patcher = Patcher(b.model, variant)
+        cache = patcher.prefill({"input_ids": ids[:, :-1]})
+        step = _broken(patcher.context_step({"input_ids": ids[:, -1:]}, cache), torch.Generator().manual_seed(0))
+        result = patcher.patched_pass(ids[:, -1:], step)
+        # what was broken: the closed loop aims layers 0..L-2 at wrong outputs; the open loop patches layers
+        # 1..L-1 for wrong inputs
+        broken = result.hidden_rel[:-1] if variant == "closed_loop" else result.hidden_rel[1:]
+        assert min(broken) > 1e-2, (name, variant, result.hidden_rel)
+        rel = logit_comparison(step.logits, result.logits)["logit_linf_rel"]
+        if variant == "closed_loop":
+            assert rel < LEVEL.get(name, 1e-10), (name, rel)  # forced by the last layer alone
+        else:
+            assert rel > 1e-3, (name, rel)
 
 
 @pytest.mark.parametrize("name", [n for n in TINY_ARCHITECTURES if n != "tiny-gpt2"])
@@ -76,7 +121,7 @@ def test_closed_loop_pass_is_the_stock_forward_of_the_patched_weights(name, dtyp
     patcher = Patcher(b.model, "closed_loop")
     ids = encode_prompt(b, PROMPT)["input_ids"]
     cache = patcher.prefill({"input_ids": ids[:, :-1]})
-    _, caps, _ = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
+    caps = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
     keep: dict = {}
     result = patcher.patched_pass(ids[:, -1:], caps, keep=keep)
     model = copy.deepcopy(b.model)
@@ -95,7 +140,7 @@ def test_context_targets_from_the_decoder_body_are_the_full_models_bits(name):
     b = _bundle(name, torch.float32)
     patcher = Patcher(b.model, "closed_loop")
     ids = encode_prompt(b, PROMPT)["input_ids"]
-    full, body = ([c.values for c in patcher.context_step({"input_ids": ids}, None, logits=flag)[1]]
+    full, body = ([c.values for c in patcher.context_step({"input_ids": ids}, None, logits=flag).targets]
                   for flag in (True, False))
     assert [sorted(v) for v in full] == [sorted(v) for v in body]
     flat = lambda t: t if isinstance(t, tuple) else (t,)  # noqa: E731
@@ -107,11 +152,14 @@ def test_context_targets_from_the_decoder_body_are_the_full_models_bits(name):
 @pytest.mark.parametrize("name", TINY_ARCHITECTURES)
 def test_patched_generation_without_the_context_emits_the_stock_with_context_tokens(name):
     """The paper's headline, end to end in float32: the patched model, fed only its own tokens, generates
-    what stock `generate` generates with the context; the unpatched model without it (control) does not."""
+    what stock `generate` generates with the context; the unpatched model without it (control) does not.
+    Patched by the open loop that is exact on the block (evidence), the closed loop only for GPT-2, where
+    learned absolute positions leave no open loop exact (a construction)."""
     b = _bundle(name, torch.float32)
     inputs = encode_prompt(b, PROMPT)
     n = 8
-    patched = [t.token_id for t in patched_generate(Patcher(b.model, "closed_loop"), inputs, n)]
+    variant = export_default(adapter_for(b.model.config.model_type))
+    patched = [t.token_id for t in patched_generate(Patcher(b.model, variant), inputs, n)]
     with torch.no_grad():
         stock = b.model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
         alone = b.model.generate(input_ids=inputs["input_ids"][:, -1:], max_new_tokens=n, min_new_tokens=n,
@@ -132,7 +180,7 @@ def test_patched_tensors_are_the_adapters_parameters_in_the_model_dtype():
         patcher = Patcher(b.model, "closed_loop")
         ids = encode_prompt(b, PROMPT)["input_ids"]
         cache = patcher.prefill({"input_ids": ids[:, :-1]})
-        _, caps, _ = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
+        caps = patcher.context_step({"input_ids": ids[:, -1:]}, cache)
         keep: dict = {}
         patcher.patched_pass(ids[:, -1:], caps, keep=keep)
         assert {k.split(".", 3)[-1] for k in keep} == names, name
@@ -144,10 +192,20 @@ def test_patched_tensors_are_the_adapters_parameters_in_the_model_dtype():
 def test_unsupported_architecture_and_inapplicable_variant_are_one_line():
     with pytest.raises(UserError, match="model_type 'bert' has no context-patching adapter; supported: .*gemma3.*gpt2"):
         adapter_for("bert")
-    with pytest.raises(UserError, match="variant=stable .* needs a post-MLP norm, which Llama does not have"):
+    only = r"variant=stable \(App. B\) needs a post-MLP norm, which Llama does not have \(only Gemma 3, OLMo 2\)"
+    with pytest.raises(UserError, match=only):
         check_variant(adapter_for("llama"), "stable")
-    check_variant(adapter_for("gemma3_text"), "stable")
-    # OLMo 2 has a post-MLP norm (closed_loop_scale applies) but App. B's code is Gemma's block's
-    with pytest.raises(UserError, match="variant=conditioned .* written for Gemma 3's block.*OLMo 2 has a post-MLP"):
-        check_variant(adapter_for("olmo2"), "conditioned")
-    check_variant(adapter_for("olmo2"), "closed_loop_scale")
+    with pytest.raises(UserError, match="variant=closed_loop_scale .* GPT-2 has no post-MLP norm"):
+        check_variant(adapter_for("gpt2"), "closed_loop_scale")
+    with pytest.raises(UserError, match="variant='fast' is not one of naive, stable"):
+        check_variant(adapter_for("llama"), "fast")
+    for family in ("gemma3_text", "olmo2"):  # App. B's variants are offered by the post-norm blocks
+        for variant in ("stable", "conditioned", "closed_loop_scale"):
+            check_variant(adapter_for(family), variant)
+
+
+def test_export_defaults_to_an_exact_open_loop_and_to_the_closed_loop_only_without_one():
+    chosen = {t: export_default(adapter_for(t)) for t in ("gemma3_text", "olmo2", "llama", "mixtral", "gptj", "gpt2")}
+    assert chosen == {"gemma3_text": "conditioned", "olmo2": "conditioned", "llama": "naive", "mixtral": "naive",
+                      "gptj": "naive", "gpt2": "closed_loop"}
+    assert [VARIANTS[v].evidence for v in chosen.values()] == [True] * 5 + [False]

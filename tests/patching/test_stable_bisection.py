@@ -1,4 +1,4 @@
-"""The stable variant's RMSNorm inversion (patching/gemma3_stable.py) on CUDA finds μ without a host round
+"""The stable variant's RMSNorm inversion (patching/app_b_inversion.py) on CUDA finds μ without a host round
 trip per bisection step (each would wait for the GPU), and finds the same μ, to the last bit, as the plain
 scalar bisection (kept here as the reference, and still what runs on the CPU). The chunked path is the one
 CUDA takes; here it runs on CPU tensors with chunked=True."""
@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from experiments.patching import gemma3_stable
-from experiments.patching.gemma3_stable import multiplier_equation, rms_multiplier
+from experiments.patching import app_b_inversion
+from experiments.patching.app_b_inversion import multiplier_equation, rms_multiplier
 
 
 def scalar_bisection(g: torch.Tensor, m: torch.Tensor) -> tuple[float, bool]:
@@ -57,7 +57,7 @@ def test_same_multiplier_as_the_scalar_bisection(n, g_scale, m_scale):
 
 
 def test_a_long_bisection_over_several_chunks_is_the_same_too(monkeypatch):
-    monkeypatch.setattr(gemma3_stable, "BISECTION_CHUNK", 7)  # many look-ups between chunks
+    monkeypatch.setattr(app_b_inversion, "BISECTION_CHUNK", 7)  # many look-ups between chunks
     g, m = _problem(0, 64)
     assert rms_multiplier(g, m, chunked=True) == scalar_bisection(g, m)
 
@@ -91,7 +91,7 @@ def test_no_host_round_trip_per_bisection_step(monkeypatch):
 
 def test_cuda_tensors_take_the_chunked_path(monkeypatch):
     taken = []
-    monkeypatch.setattr(gemma3_stable, "_bisect_in_chunks", lambda *a: taken.append(1) or gemma3_stable._bisect(*a))
+    monkeypatch.setattr(app_b_inversion, "_bisect_in_chunks", lambda *a: taken.append(1) or app_b_inversion._bisect(*a))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     g, m = _problem(2, 16)
     rms_multiplier(g, m)

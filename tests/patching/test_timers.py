@@ -7,11 +7,14 @@ from __future__ import annotations
 import torch
 
 from experiments.patching import generate
-from experiments.patching.patcher import PatchedPass
+from experiments.patching.patcher import ContextStep, PatchedPass
+from experiments.patching.variants import VARIANTS
 
 
 class _Patcher:
     """The three passes a generation step times, each recorded in `events`."""
+
+    variant = VARIANTS["naive"]
 
     def __init__(self, events: list[str]):
         self.events = events
@@ -21,15 +24,15 @@ class _Patcher:
 
     def context_step(self, inputs, cache, logits=True):
         self.events.append("context_step")
-        return torch.zeros(5), [], cache
+        return ContextStep(torch.zeros(5), [], [], cache)
 
-    def patched_pass(self, query, caps, keep=None):
+    def patched_pass(self, query, step, keep=None, variant=None):
         self.events.append("patched_pass")
         return PatchedPass(logits=torch.zeros(5), hidden_linf=[], hidden_rel=[])
 
-    def control_logits(self, query):
+    def control_pass(self, query, record):
         self.events.append("control")
-        return torch.zeros(5)
+        return PatchedPass(logits=torch.zeros(5), hidden_linf=[], hidden_rel=[])
 
 
 def _mock_cuda(monkeypatch, events: list[str]) -> None:

@@ -186,3 +186,26 @@ def test_the_checks_can_fail(fake_tree):
                                      "experiments.zoo.architectures -> experiments.patching.export",
                                      "experiments.zoo.gguf -> experiments.patching.arch"]
     assert cycles(graph(root)) == [["experiments.goldwaser.gemma_models", "experiments.goldwaser.patch_models"]]
+
+
+# gemma_match is patch_match with Gemma 3's defaults (conf/experiment/gemma_match.yaml composes patch_match's):
+# the same experiment under a second name, not a borrowing
+SAME_EXPERIMENT = {("experiments.goldwaser.gemma_match", "experiments.goldwaser.patch_match")}
+
+
+def sideways_imports(edges: dict[str, set[str]], experiment_modules: set[str]) -> list[str]:
+    """`importer -> imported` where one experiment's module imports another's: what they share belongs in a
+    module of its own (goldwaser/common.py, patching/compare.py), not in one of them."""
+    return sorted(f"{a} -> {b}" for a, targets in edges.items() if a in experiment_modules
+                  for b in targets if b in experiment_modules and (a, b) not in SAME_EXPERIMENT)
+
+
+def test_experiments_do_not_borrow_from_one_another():
+    from experiments.core.registry import _module_name, experiment_names
+
+    found = sideways_imports(graph(), {_module_name(n) for n in experiment_names()})
+    assert not found, "experiments importing one another:\n" + "\n".join(found)
+    # the control: what context_compile did before goldwaser/common.py
+    edges = {"experiments.goldwaser.context_compile": {"experiments.goldwaser.patch_match"}}
+    assert sideways_imports(edges, {*edges, "experiments.goldwaser.patch_match"}) == [
+        "experiments.goldwaser.context_compile -> experiments.goldwaser.patch_match"]

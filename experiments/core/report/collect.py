@@ -18,7 +18,7 @@ from experiments.core.report.runs import NOT_COMPLETE, SMOKE, Run, find_runs, re
 from experiments.core.results import CHECK_COLUMNS, CLAIM_COLUMNS, CLAIMS_FILE
 
 OTHER = "other"  # the paper group of runs whose experiment is no longer registered
-CLAIMS_SHOWN = ["paper", "experiment", *CLAIM_COLUMNS, "run", "preset", "job", "unit"]
+CLAIMS_SHOWN = ["paper", "experiment", *CLAIM_COLUMNS, "run", "preset", "model", "job", "unit"]
 
 
 @dataclass
@@ -72,7 +72,8 @@ def fold_jobs(claims: pd.DataFrame) -> pd.DataFrame:
         first.update(measured_min=group["measured"].min(), measured_max=group["measured"].max(),
                      jobs=len(group), jobs_passed=int(group["passed"].sum()), passed=passed,
                      expected=not passed and first["preset"] == SMOKE,
-                     job=",".join(j for j in group["job"] if j))
+                     job=",".join(j for j in group["job"] if j),
+                     model=", ".join(dict.fromkeys(m for m in group["model"] if m)))  # a sweep's models, once
         rows.append(first)
     return pd.DataFrame(rows)[columns]
 
@@ -131,6 +132,7 @@ def build_report(root: Path, all_runs: bool = False) -> Report:
         claims.insert(0, "paper", paper_of(run.experiment))
         claims["run"] = rel(run.path, root)
         claims["preset"] = run.preset
+        claims["model"] = run.model
         claims["job"] = run.path.name if run.sweep else ""
         claims["unit"] = rel(run.unit, root)
         frames.append(claims)

@@ -7,6 +7,7 @@ from experiments.core.report.collect import Report
 from experiments.core.report.runs import path_order, rel
 from experiments.core.report.text import (
     CLAIM_HEADER,
+    CONSTRUCTION_NOTE,
     claim_cells,
     figure_files,
     figures_of,
@@ -16,6 +17,7 @@ from experiments.core.report.text import (
     run_state,
     runs_line,
     runs_of,
+    split_construction,
     summary_line,
 )
 
@@ -54,9 +56,13 @@ def render_markdown(report: Report) -> str:
             lines += [f"### {name} ({figures_of(name)})", ""]
             if name in report.reasons:
                 lines += [f"Shown: {report.reasons[name]}.", ""]
-            lines += ["| " + " | ".join(CLAIM_HEADER) + " |", "|" + "---|" * len(CLAIM_HEADER)]
-            lines += ["| " + " | ".join(md_cell(c) for c in claim_cells(r)) + " |" for _, r in group.iterrows()]
-            lines += ["", *[f"- `{r['id']}`: {r['description']}" for _, r in group.iterrows()], ""]
+            evidence, built = split_construction(group)
+            for part, lead in ((evidence, []), (built, [CONSTRUCTION_NOTE, ""])):
+                if part.empty:
+                    continue
+                lines += [*lead, "| " + " | ".join(CLAIM_HEADER) + " |", "|" + "---|" * len(CLAIM_HEADER)]
+                lines += ["| " + " | ".join(md_cell(c) for c in claim_cells(r)) + " |" for _, r in part.iterrows()]
+                lines += ["", *[f"- `{r['id']}`: {r['description']}" for _, r in part.iterrows()], ""]
         for r in failed:
             lines.append(f"- **not complete**: {r.experiment} — {rel(r.path, report.root)}: {run_state(r)}")
         for name in missing:

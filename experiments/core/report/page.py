@@ -39,7 +39,7 @@ def _claim_row(row) -> dict:
     cells = text.claim_cells(row)
     return dict(cls="pass" if row["passed"] else "expected" if row["expected"] else "fail",  # smoke's: not red
                 id=row["id"], description=str(row["description"]), ref=str(row["ref"]), numbers=cells[2:5],
-                result=text.result_text(row, bold=""), run=cells[6], preset=cells[7])
+                result=text.result_text(row, bold=""), run=cells[6], preset=cells[7], model=cells[8])
 
 
 def _section(report: Report, package: str, title: str, rows) -> dict:
@@ -49,8 +49,10 @@ def _section(report: Report, package: str, title: str, rows) -> dict:
     return dict(
         package=package, heading=f"{title} — {text.summary_line(rows)}",
         experiments=[dict(name=name, figures=text.figures_of(name), why=report.reasons.get(name),
-                          rows=[_claim_row(r) for _, r in group.iterrows()])
+                          rows=[_claim_row(r) for _, r in text.split_construction(group)[0].iterrows()],
+                          built=[_claim_row(r) for _, r in text.split_construction(group)[1].iterrows()])
                      for name, group in rows.groupby("experiment", sort=True)],
+        construction_note=text.CONSTRUCTION_NOTE,
         failed=[dict(experiment=r.experiment, path=rel(r.path, report.root), state=text.run_state(r)) for r in failed],
         missing=missing,
         figures=[dict(experiment=exp, name=png.name, uri=uri) for exp, png, uri in figures if uri])

@@ -23,11 +23,11 @@ def readme_tables(report: Report) -> str:
         if rows.empty:
             continue
         lines += [f"**{title}** — {summary_line(rows)}", "", *runs_table(report, package),
-                  "| Experiment | Claim | Ref | Paper | Measured | Tolerance | Result | Preset |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| Experiment | Claim | Ref | Paper | Measured | Tolerance | Result | Preset | Model |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for _, r in rows.iterrows():
             c = claim_cells(r)
-            cells = (r["experiment"], c[0], c[1], c[2], c[3], c[4], c[5], c[7])
+            cells = (r["experiment"], c[0], c[1], c[2], c[3], c[4], c[5], c[7], c[8])
             lines.append("| " + " | ".join(md_cell(x) for x in cells) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -34,6 +34,11 @@ class Run:
     sweep: Path | None = None  # the multirun folder this job belongs to
 
     @property
+    def model(self) -> str:
+        """The model and its weights the claims were measured on ("gemma-3-270m (trained)"), where said."""
+        return str(self.record.get("model") or "")
+
+    @property
     def unit(self) -> Path:
         """What "newest run" picks among: a sweep as a whole, or the run itself."""
         return self.sweep or self.path

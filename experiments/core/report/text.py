@@ -16,7 +16,7 @@ from experiments.core.report.collect import OTHER, Report, paper_of
 from experiments.core.report.runs import Run
 from experiments.core.results import FIGURES_DIR
 
-CLAIM_HEADER = ["Claim", "Ref", "Paper", "Measured", "Tolerance", "Result", "Run", "Preset"]
+CLAIM_HEADER = ["Claim", "Ref", "Paper", "Measured", "Tolerance", "Result", "Run", "Preset", "Model"]
 
 
 def fmt(value) -> str:
@@ -57,7 +57,23 @@ def claim_cells(row) -> list[str]:
     measure = row.get("measure") or ""
     measured = _measured(row) + (f" = {measure}" if measure else "")
     return [f"`{row['id']}`", row["ref"], fmt(row["paper_value"]), measured, criterion(row),
-            result_text(row), run, row["preset"]]
+            result_text(row), run, row["preset"], row.get("model") or ""]
+
+
+CONSTRUCTION_NOTE = ("Construction: a procedure that solves for the very output it is compared with agrees by "
+                     "design (the closed loop: one layer's patches can force any output); these claims stand "
+                     "beside the control that agrees as well, and are no evidence for the paper.")
+
+
+def is_construction(claim_id: str) -> bool:
+    """Claims whose ids say `construction` (goldwaser.construction.*, context_compile.construction.*)."""
+    return ".construction." in str(claim_id)
+
+
+def split_construction(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the evidence claims, the construction claims): a report shows the second apart, after the first."""
+    built = rows["id"].map(is_construction) if len(rows) else pd.Series(dtype=bool)
+    return rows[~built], rows[built]
 
 
 def summary_line(rows: pd.DataFrame) -> str:

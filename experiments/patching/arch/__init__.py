@@ -21,8 +21,6 @@ FAMILIES: tuple[BlockAdapter, ...] = (
 ADAPTERS: dict[str, BlockAdapter] = {t: adapter for adapter in FAMILIES for t in adapter.model_types}
 # offline name -> adapter, for the families that carry a tiny random test model (all of them today)
 TINY_MODELS: dict[str, BlockAdapter] = {a.tiny_model: a for a in FAMILIES if a.tiny_model and a.tiny_config}
-VARIANTS = ("naive", "stable", "conditioned", "closed_loop", "closed_loop_scale")
-CLOSED_LOOP = ("closed_loop", "closed_loop_scale")  # patched inside each layer's forward (closed_loop.py)
 
 
 def supported() -> str:
@@ -36,19 +34,3 @@ def adapter_for(model_type: str) -> BlockAdapter:
     except KeyError:
         raise UserError(f"model_type {model_type!r} has no context-patching adapter; "
                         f"supported: {supported()}") from None
-
-
-def check_variant(adapter: BlockAdapter, variant: str) -> None:
-    if variant not in VARIANTS:
-        raise UserError(f"variant={variant!r} is not one of {', '.join(VARIANTS)}")
-    if variant in ("stable", "conditioned") and not adapter.stable:
-        have = ", ".join(sorted({a.family for a in ADAPTERS.values() if a.stable}))
-        if adapter.pre_norm_matrix:  # a post-MLP norm, but not the block App. B's code is written for
-            raise UserError(f"variant={variant} (App. B) is written for Gemma 3's block (scale 1 + weight); "
-                            f"{adapter.family} has a post-MLP norm but no App. B update here (only {have}); "
-                            "use variant=naive or closed_loop")
-        raise UserError(f"variant={variant} (App. B) needs a post-MLP norm, which {adapter.family} does not have "
-                        f"(only {have}); use variant=naive or closed_loop")
-    if variant == "closed_loop_scale" and not adapter.pre_norm_matrix:
-        raise UserError(f"variant=closed_loop_scale (Thm 10 alone in the closed loop) is the post-norm closed loop "
-                        f"without its W_down step; {adapter.family} has no post-MLP norm: use variant=closed_loop")

@@ -6,7 +6,10 @@ The shared engine (`experiments/patching/patcher.py`) needs, per block:
   parallel block, the attention module whose output A is added to x (v = x + A);
 - the input matrices that read z (each gets the rank-1 input update, Thms 6–7) and their layout;
 - the output rule (Thm 8–11) with the parameter it changes and what it reads (`captures`);
-- whether App. B's stable update applies (it needs a post-MLP norm);
+- for a post-norm block, the matrix before the norm and how the norm stores its scale (App. B's variants
+  and the closed loop's conditioning follow from these: `patching/variants.py`);
+- whether positions are learned absolute embeddings (then no open loop is exact: the query alone sits at
+  another position than after its context);
 - its tiny random test model: an offline name and the transformers config it is built from, beside the
   block it exercises (as transformers keeps each test model's config with its architecture).
 Everything else is shared. An adapter is a few lines of data; see gemma3.py, llama.py, gpt2.py,
@@ -40,10 +43,11 @@ class BlockAdapter:
     mlp: str = "mlp"  # the MLP: its input is z
     # capture name -> (module path relative to the layer, "input" | "output"): what the rule reads
     captures: dict[str, tuple[str, str]] = field(default_factory=dict)
-    stable: bool = False  # App. B applies: the block ends with a post-MLP norm (Gemma 3)
-    # SCALE blocks: the matrix whose output the post-MLP norm normalizes (Gemma's W_down). The closed loop
-    # patches it too, so that Thm 10 divides by ±1 (lemmas.sign_pre_norm_target): see closed_loop.py
+    # SCALE blocks: the matrix whose output the post-MLP norm normalizes (Gemma's W_down). App. B's variants
+    # patch it (app_b.py), and so does the closed loop, so that Thm 10 divides by ±1 (closed_loop.py)
     pre_norm_matrix: str | None = None
+    scale_offset: float = 0.0  # SCALE blocks: the norm's scale is scale_offset + weight (Gemma: 1 + weight)
+    absolute_positions: bool = False  # learned position embeddings added to the input (GPT-2)
     theorem: str = ""  # which Table 1 rows this block uses, for tables
     # the offline tiny random model of this family (tests, smoke runs) and its config for a vocabulary size
     tiny_model: str | None = None

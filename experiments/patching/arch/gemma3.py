@@ -4,9 +4,9 @@
     T = v + m ⊙ d / RMS(d),   m = 1 + post_feedforward_layernorm.weight
 
 Input matrices W_gate, W_up (Thm 7); the post-MLP RMSNorm's scale absorbs r (Thm 10). App. B's stable
-update (ΔW_down from the RMSNorm inversion, then Δm for the remainder) applies: the block has the
-post-MLP norm it needs. The closed loop also patches W_down (`pre_norm_matrix`), so that Thm 10 divides
-by ±1 instead of by MLP outputs near 0 (closed_loop.py).
+update (ΔW_down from the RMSNorm inversion, then Δm for the remainder: app_b.py) applies: the block has
+the post-MLP norm it needs (`pre_norm_matrix`), as does the conditioned variant, and the closed loop also
+patches W_down, so that Thm 10 divides by ±1 instead of by MLP outputs near 0 (closed_loop.py).
 """
 
 from experiments.patching.arch.base import LINEAR, SCALE, BlockAdapter
@@ -37,8 +37,8 @@ ADAPTER = BlockAdapter(
     output_param="post_feedforward_layernorm.weight",
     residual_at="pre_feedforward_layernorm",
     captures={"d": ("post_feedforward_layernorm", "input"), "h": ("mlp.down_proj", "input")},
-    stable=True,
     pre_norm_matrix="mlp.down_proj.weight",
+    scale_offset=1.0,  # Gemma3RMSNorm scales by 1 + weight
     theorem="Thm 7 + Thm 10 (post-norm scale)",
     tiny_model="tiny-gemma3",  # built by zoo/gemma.py (its processor and vision variant live there)
     tiny_config=tiny_config,

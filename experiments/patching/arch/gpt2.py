@@ -26,6 +26,7 @@ ADAPTER = BlockAdapter(
     output_param="mlp.c_proj.bias",
     residual_at="ln_2",
     theorem="Thm 7 + Thm 8 (outer bias)",
+    absolute_positions=True,  # wpe: the query alone is at position 0, not after its context
     tiny_model="tiny-gpt2",
     tiny_config=tiny_config,
 )

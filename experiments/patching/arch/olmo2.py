@@ -6,9 +6,8 @@
 The MLP reads the residual itself (no pre-MLP norm): z = v, so v is read at the MLP's input and the input
 update of W_gate, W_up (Thm 7) makes them see v_C. The post-MLP RMSNorm's scale absorbs r (Thm 10), as in
 Gemma 3, except that OLMo 2 stores m itself where Gemma stores m − 1 (Δm is the same either way).
-The closed loop patches W_down too (`pre_norm_matrix`), so that Thm 10 divides by ±1 (closed_loop.py).
-App. B's open-loop stable update (`stable`) is not enabled: its code (patching/gemma3.py) is written for
-Gemma's block (scale 1 + weight, Gemma's norm module), not for this one.
+The closed loop patches W_down too (`pre_norm_matrix`), so that Thm 10 divides by ±1 (closed_loop.py), and
+App. B's open-loop variants (stable, conditioned: app_b.py) apply as on Gemma 3, with m = weight.
 """
 
 from experiments.patching.arch.base import LINEAR, SCALE, BlockAdapter, tiny_common
@@ -31,7 +30,7 @@ ADAPTER = BlockAdapter(
     output_rule=SCALE,
     output_param="post_feedforward_layernorm.weight",
     residual_at="mlp",  # no pre-MLP norm: the MLP's input is v itself
-    captures={"d": ("post_feedforward_layernorm", "input")},
+    captures={"d": ("post_feedforward_layernorm", "input"), "h": ("mlp.down_proj", "input")},
     pre_norm_matrix="mlp.down_proj.weight",
     theorem="Thm 7 + Thm 10 (post-norm scale, no pre-MLP norm)",
     tiny_model="tiny-olmo2",

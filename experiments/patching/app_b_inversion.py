@@ -1,4 +1,4 @@
-"""Goldwaser et al. App. B: the numerically stable update's RMSNorm inversion.
+"""Goldwaser et al. App. B: the numerically stable update's RMSNorm inversion (used by app_b.py).
 
 Find y ∈ ℝⁿ with RMS(y) = 1 that makes m ⊙ y closest to a target g (Eqs. 5–6):
 

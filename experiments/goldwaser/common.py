@@ -1,0 +1,94 @@
+"""What the Goldwaser experiments share, so that none imports another: the prompts of a config, the checks
+of a model before any run folder exists, the context-length check, and how a token, a model and its weights
+are named on the console and in the notes. (The logit metrics live in patching/compare.py, the generation
+loop in patching/generate.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from experiments.core.errors import UserError
+from experiments.core.results import RunContext
+from experiments.patching.variants import VARIANTS
+
+
+def prompt_list(cfg: DictConfig) -> list[str]:
+    """The Fig. 3 prompt first, then `prompts` (a list, or a text file with one prompt per line)."""
+    extra = cfg.get("prompts") or []
+    if isinstance(extra, str):
+        path = Path(extra).expanduser()
+        if not path.is_file():
+            raise UserError(f"prompts={extra!r}: no such file (give a list like [a,b] or a file, one prompt a line)")
+        extra = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    return [str(cfg.prompt), *[str(p) for p in extra]]
+
+
+def validate_model(cfg: DictConfig) -> None:
+    """The model, before any run folder: its config can be had, its architecture has an adapter, the
+    variant applies, it fits in memory, an image comes with a vision model."""
+    from experiments.core.runtime import resolve_device, resolve_dtype
+    from experiments.patching.arch import adapter_for
+    from experiments.patching.variants import check_variant
+    from experiments.zoo.loading import check_model
+
+    if cfg.variant is not None and cfg.variant not in VARIANTS:
+        raise UserError(f"variant={cfg.variant!r} is not one of {', '.join(VARIANTS)}")
+    if not str(cfg.model).strip():
+        raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-gemma3")
+    image = cfg.get("image")
+    config = check_model(str(cfg.model), resolve_dtype(str(cfg.get("dtype", "float32"))),
+                         resolve_device(str(cfg.get("device", "auto"))))
+    if cfg.variant is not None:  # None: the experiment picks one for the family (patch_export)
+        check_variant(adapter_for(config.model_type), str(cfg.variant))
+    if image and config.model_type != "gemma3":
+        raise UserError(f"image=... needs a multimodal Gemma 3 (e.g. model=google/gemma-3-4b-it or "
+                        f"model=tiny-gemma3-vision); {cfg.model} is text-only")
+
+
+def check_context_length(config, prompt_lengths: list[int], max_new_tokens: int) -> None:
+    """One line, before any generation, when a prompt plus its reply would run past the model's
+    positions (a learned position table, as GPT-2's, has no row for them)."""
+    text = config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    if not limit:
+        return
+    for p, n in enumerate(prompt_lengths):
+        if n + max_new_tokens > limit:
+            raise UserError(f"prompt {p} is {n} tokens and max_new_tokens={max_new_tokens}: {n + max_new_tokens} "
+                            f"positions, the model has {limit}; use a shorter prompt or fewer new tokens")
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    """The token as text; its raw vocabulary entry when it is a fragment of a multi-byte character."""
+    text = tokenizer.decode([token_id])
+    return str(tokenizer.convert_ids_to_tokens(token_id)) if "\ufffd" in text else text
+
+
+def weights_origin(model: str) -> str:
+    """Where the weights come from, for the console: a failed claim reads differently on random weights."""
+    from experiments.zoo.loading import weights_kind
+
+    return {"random": "random weights (offline)", "trained": "trained weights (offline, from the package registry)",
+            "local": "weights from a local folder", "hub": "weights from the hub"}[weights_kind(model)]
+
+
+def describe_model(patcher) -> str:
+    """`Gemma 3, 4 layers, d=64`: the family and the size of what ran."""
+    config = patcher.text_config
+    return f"{patcher.adapter.family}, {config.num_hidden_layers} layers, d={config.hidden_size}"
+
+
+def flag_random_weights(ctx: RunContext, model: str) -> None:
+    """The goldwaser claims state what the paper measured on a trained Gemma 3: on an offline model with
+    random weights a failure describes those weights (e.g. the open loop's amplification), not the paper.
+    Said after the claims, with the way to trained weights."""
+    from experiments.zoo.loading import OFFLINE_MODELS
+
+    claims = ctx.claims()
+    failed = claims.loc[~claims["passed"].astype(bool), "id"].tolist() if len(claims) else []
+    if model in OFFLINE_MODELS and failed:
+        ctx.notes.append(f"model={model} has random weights: the claims state what the paper measured on a trained "
+                         f"Gemma 3, so {', '.join(failed)} failing here describes these random weights, as it may by "
+                         "design; model=gemma-3-270m runs a trained Gemma 3 offline")

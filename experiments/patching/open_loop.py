@@ -1,0 +1,95 @@
+"""The open loop (Algorithm 1, App. B): a layer's patch computed from the with-context pass alone.
+
+Each layer's patch is computed against the with-context pass's input to the layer, x_{l−1} (the target),
+whatever hidden state the patched pass really brings: the layer runs once without the context on
+x_{l−1} (to the MLP: v and z), every input matrix gets the rank-1 input update (Thms 6–7, an MoE's
+router included), and the output step makes the outer function's output move by r = v_C − v (Thms 8–12;
+App. B's for a post-norm block). Then the layer runs its own forward, with W + ΔW rounded to the model's
+dtype, on the real hidden state. The patched pass's input differs from x_{l−1} by rounding (and, with
+learned absolute positions, by the position embedding): errors propagate, which is what the paper's
+method is measured on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from experiments.patching.capture import (
+    LayerCapture,
+    StopAtMLP,
+    first_output,
+    last_position,
+    register_captures,
+    residual,
+)
+from experiments.patching.output_rules import LayerPatchStats, apply_output_rule
+from experiments.patching.rounded import input_update_rounded
+from experiments.patching.rules.base import module_input
+
+# (patcher, layer, with-context values, r = v_C − v) -> the output step's stats, buffers filled
+OutputStep = Callable[..., LayerPatchStats]
+
+
+def run_layer(adapter, layer: nn.Module, args: tuple, kwargs: dict, hidden: Tensor, params: dict,
+              stop_at_mlp: bool = False) -> tuple[dict, object]:
+    """The layer's own forward on `hidden` with `params` substituted, recording the adapter's values at the
+    query position (`stop_at_mlp`: only as far as the MLP's input)."""
+    values = {"x_in": last_position(hidden)}
+    if args:
+        args = (hidden, *args[1:])
+    else:
+        kwargs = dict(kwargs, hidden_states=hidden)
+    handles = register_captures(adapter, layer, values, stop_at_mlp)
+    output = None
+    try:
+        output = functional_call(layer, params, args, kwargs)
+        values["out"] = last_position(first_output(output))
+    except StopAtMLP:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return values, output
+
+
+def fill(patcher, layer: nn.Module, target: LayerCapture, hidden: Tensor, args: tuple, kwargs: dict,
+         output_step: OutputStep) -> LayerPatchStats:
+    """Fill `patcher.bufs` with this layer's patched tensors, computed against the with-context input
+    `target.x_in`, whatever the patched pass's `hidden` is."""
+    adapter, cdt, bufs = patcher.adapter, patcher.cdt, patcher.bufs
+    x_ref = target.x_in.to(hidden.dtype).view_as(hidden)
+    bufs.begin()
+    alone, _ = run_layer(adapter, layer, args, kwargs, x_ref, {}, stop_at_mlp=True)  # v and z without context
+    for name, layout in adapter.input_matrices.items():  # Thms 6–7 (+ the router, Thm 11)
+        W = layer.get_parameter(name)
+        input_update_rounded(W, layout, target.z_c, alone["z"], bufs.out(name, W), cdt)
+    r = residual(target.values).to(cdt) - residual(alone).to(cdt)  # v_C − v (Thm 12: A_C − A)
+    return output_step(patcher, layer, target, r)
+
+
+def patch_and_run(patcher, layer: nn.Module, target: LayerCapture, args: tuple, kwargs: dict,
+                  output_step: OutputStep) -> tuple[dict, object, LayerPatchStats]:
+    hidden = module_input(args, kwargs)
+    stats = fill(patcher, layer, target, hidden, args, kwargs, output_step)
+    values, output = run_layer(patcher.adapter, layer, args, kwargs, hidden, patcher.bufs.tensors)
+    return values, output, stats
+
+
+def output_rule_step(patcher, layer: nn.Module, target: LayerCapture, r: Tensor) -> LayerPatchStats:
+    """Algorithm 1's output step: the block's Table 1 rule, with y, d, the routing read from the with-context
+    pass."""
+    return apply_output_rule(patcher.adapter, layer, r, target.values, patcher.bufs, patcher.cdt)
+
+
+def stable_step(sign_target: bool) -> OutputStep:
+    """App. B's output step (`app_b.py`): W_down from the RMSNorm inversion (or to C · sign(d_C), the
+    conditioned variant), then the post-MLP scale for the remainder."""
+    from experiments.patching.app_b import stable_down_and_scale
+
+    def step(patcher, layer, target, r):
+        return stable_down_and_scale(patcher.adapter, layer, target, r, patcher.bufs, patcher.cdt, sign_target)
+
+    return step

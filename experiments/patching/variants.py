@@ -1,0 +1,219 @@
+"""The patch variants: where each layer's patch is computed, from what, and what its agreement proves.
+
+One small class per variant, in VARIANTS below; the patcher asks the variant for a layer's patch and never
+branches on its name. A variant declares:
+- `loop`: OPEN, the patch is computed from the with-context pass alone (Algorithm 1 and App. B: the
+  paper's method, so its agreement is evidence for Theorem 1), or CLOSED, the patch is solved inside the
+  patched pass for the with-context output itself (a construction: one layer's rank-1 patches can force
+  any output, so the closed loop agrees by design, whatever the targets);
+- `unsupported(adapter)`: None, or one line saying why the block cannot take it (App. B needs a post-MLP
+  norm); the adapters offer what their data supports, no name is checked;
+- `exact_open_loop(adapter)`: whether this open loop is exact on trained weights of that block, which
+  picks `patch export`'s default (`export_default`);
+- `patches_layer(index, n_layers)`: every layer, except for the closed loop's control, which patches the
+  last layer alone (`closed_loop_last`: it reaches the same logits, so logit agreement is no evidence).
+
+Torch-free on purpose: the typed config's Enum of variant names is built from VARIANTS before any
+composition (experiments/goldwaser/schema.py), and start-up must not import torch. The per-layer work is
+in open_loop.py and closed_loop.py, imported when a layer is patched.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from experiments.patching.kinds import SCALE
+
+if TYPE_CHECKING:  # types only: the adapters import torch
+    from experiments.patching.arch.base import BlockAdapter
+
+OPEN = "open loop"
+CLOSED = "closed loop"
+
+
+class Variant:
+    name: ClassVar[str]
+    loop: ClassVar[str]
+    source: ClassVar[str]  # where it comes from, for tables: "Alg. 1", "App. B", "construction"
+    summary: ClassVar[str]  # one line for --help and the yaml comments
+
+    @property
+    def evidence(self) -> bool:
+        """Open loop: the patches come from the with-context pass alone, so agreement tests Theorem 1.
+        Closed loop: solved for the very output it is compared with: agreement holds by design."""
+        return self.loop == OPEN
+
+    def unsupported(self, adapter: BlockAdapter) -> str | None:
+        return None
+
+    def exact_open_loop(self, adapter: BlockAdapter) -> bool:
+        """True where this open loop is exact on trained weights of the block (none for a closed loop)."""
+        return False
+
+    def patches_layer(self, index: int, n_layers: int) -> bool:
+        return True
+
+    def open_counterpart(self, adapter: BlockAdapter) -> str | None:
+        """A closed loop: the open loop that computes the same patch in exact arithmetic (the two differ only
+        by what rounding the closed loop feeds back), so how far apart their patches are can be measured."""
+        return None
+
+    def patch(self, patcher, layer, target, args: tuple, kwargs: dict):
+        """Run `layer` patched for the with-context values `target` (a LayerCapture) on the input the
+        model passed it: (the values it read, its output, LayerPatchStats). Buffers: `patcher.bufs`."""
+        raise NotImplementedError
+
+
+def _post_norm_block(adapter: BlockAdapter) -> bool:
+    """A block ending in m ⊙ RMSNorm(W_down h) (Gemma 3, OLMo 2): App. B's steps apply."""
+    return adapter.output_rule == SCALE and adapter.pre_norm_matrix is not None
+
+
+def _needs_post_norm(variant: str, adapter: BlockAdapter) -> str | None:
+    if _post_norm_block(adapter):
+        return None
+    have = ", ".join(_families_with_post_norm())
+    return (f"variant={variant} (App. B) needs a post-MLP norm, which {adapter.family} does not have "
+            f"(only {have}); use variant=naive or closed_loop")
+
+
+def _families_with_post_norm() -> list[str]:
+    from experiments.patching.arch import FAMILIES
+
+    return sorted({a.family for a in FAMILIES if _post_norm_block(a)})
+
+
+class OpenLoop(Variant):
+    """Patches from the with-context pass alone (open_loop.py); subclasses give the output step."""
+
+    loop = OPEN
+
+    def output_step(self):
+        raise NotImplementedError
+
+    def fill(self, patcher, layer, target, hidden, args: tuple, kwargs: dict):
+        """Only fill `patcher.bufs` with the layer's patched tensors (for tests and the per-layer analyses)."""
+        from experiments.patching.open_loop import fill
+
+        return fill(patcher, layer, target, hidden, args, kwargs, self.output_step())
+
+    def patch(self, patcher, layer, target, args, kwargs):
+        from experiments.patching.open_loop import patch_and_run
+
+        return patch_and_run(patcher, layer, target, args, kwargs, self.output_step())
+
+
+class Naive(OpenLoop):
+    name, source = "naive", "Alg. 1"
+    summary = "Algorithm 1 (open loop): input updates and Table 1's output rule, from the with-context pass"
+
+    def exact_open_loop(self, adapter):
+        # Thm 10 divides by MLP outputs near 0 on trained weights (Gemma 3 270M: 0/480 tokens), and learned
+        # absolute positions put the query alone at another input than the one the patch was computed for
+        return adapter.output_rule != SCALE and not adapter.absolute_positions
+
+    def output_step(self):
+        from experiments.patching.open_loop import output_rule_step
+
+        return output_rule_step
+
+
+class Stable(OpenLoop):
+    name, source = "stable", "App. B"
+    summary = "App. B (open loop): W_down from the RMSNorm inversion, then Δm for the remainder"
+    sign_target: ClassVar[bool] = False
+
+    def unsupported(self, adapter):
+        return _needs_post_norm(self.name, adapter)
+
+    def output_step(self):
+        from experiments.patching.open_loop import stable_step
+
+        return stable_step(self.sign_target)
+
+
+class Conditioned(Stable):
+    name, source = "conditioned", "App. B, conditioned"
+    summary = "open loop: W_down to C·sign(d_C), so Eq. 4's Δm divides by ±1, not by MLP outputs near 0"
+    sign_target = True
+
+    def exact_open_loop(self, adapter):
+        return self.unsupported(adapter) is None and not adapter.absolute_positions
+
+
+class ClosedLoop(Variant):
+    name, loop, source = "closed_loop", CLOSED, "construction"
+    summary = ("construction: each layer solved, inside the patched pass, for the with-context output itself "
+               "(a post-norm block's W_down conditioned as above)")
+    conditioned: ClassVar[bool] = True  # a post-norm block's W_down gets its sign-target step too
+
+    def open_counterpart(self, adapter):
+        return "conditioned" if self.conditioned and _post_norm_block(adapter) else "naive"
+
+    def patch(self, patcher, layer, target, args, kwargs):
+        from experiments.patching.closed_loop import patched_layer_forward
+
+        return patched_layer_forward(patcher.adapter, layer, target, args, kwargs, patcher.bufs, patcher.cdt,
+                                     conditioned=self.conditioned)
+
+
+class ClosedLoopScale(ClosedLoop):
+    name = "closed_loop_scale"
+    summary = "construction: the closed loop with Thm 10 alone (no W_down step; post-norm blocks only)"
+    conditioned = False
+
+    def unsupported(self, adapter):
+        if adapter.output_rule == SCALE and adapter.pre_norm_matrix:
+            return None
+        return (f"variant={self.name} (Thm 10 alone in the closed loop) is the post-norm closed loop without its "
+                f"W_down step; {adapter.family} has no post-MLP norm: use variant=closed_loop")
+
+
+class ClosedLoopLastLayer(ClosedLoop):
+    """The closed loop's control: every layer but the last runs unpatched, the last is solved in the pass.
+    It reaches the with-context logits as well as the full closed loop, from hidden states that are far from
+    the with-context ones at every other layer: what logit agreement of a closed loop is worth."""
+
+    name = "closed_loop_last"
+    summary = "the closed loop's control: the last layer alone solved in the pass, every other layer unpatched"
+
+    def patches_layer(self, index, n_layers):
+        return index == n_layers - 1
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Naive(), Stable(), Conditioned(), ClosedLoop(), ClosedLoopScale(), ClosedLoopLastLayer())}
+EXPORT_PREFERENCE = ("conditioned", "naive")  # open loops, best conditioned first; else the closed loop
+
+
+def variant_for(name: str) -> Variant:
+    from experiments.core.errors import UserError
+
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise UserError(f"variant={name!r} is not one of {', '.join(VARIANTS)}") from None
+
+
+def check_variant(adapter: BlockAdapter, name: str) -> Variant:
+    """The variant, or one line saying why the block cannot take it."""
+    from experiments.core.errors import UserError
+
+    variant = variant_for(name)
+    why = variant.unsupported(adapter)
+    if why:
+        raise UserError(why)
+    return variant
+
+
+def supported_variants(adapter: BlockAdapter) -> list[str]:
+    return [name for name, v in VARIANTS.items() if v.unsupported(adapter) is None]
+
+
+def export_default(adapter: BlockAdapter) -> str:
+    """An open loop that is exact on the block where one exists (evidence), else the closed loop
+    (a construction), e.g. for GPT-2's learned absolute positions."""
+    for name in EXPORT_PREFERENCE:
+        if VARIANTS[name].unsupported(adapter) is None and VARIANTS[name].exact_open_loop(adapter):
+            return name
+    return ClosedLoop.name

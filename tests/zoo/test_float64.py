@@ -1,0 +1,77 @@
+"""float64 end to end: a float64 model's rotary inverse frequencies are float64, its logits are compared in
+float64, and a difference near 1e-12 is logged as such, not as 0 or as a float32 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from experiments.patching.compare import comparable, logit_comparison
+from experiments.zoo.float64 import float64_inv_freq
+from experiments.zoo.loading import load_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _rotaries(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-llama"])
+def test_rotary_inverse_frequencies_are_computed_in_float64(name):
+    """Against Python's own double-precision pow (an independent computation), element by element; the stored
+    buffer is float32-rounded and differs."""
+    model = load_model(name, torch.float64, "cpu", seed=0).model
+    for rotary in _rotaries(model):
+        config = rotary.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        for prefix, table in rotary.inv_freq64.items():
+            rope = config.rope_parameters[prefix[:-1]] if prefix else config.rope_parameters
+            base = float(rope["rope_theta"])
+            expected = torch.tensor([1.0 / base ** (i / head_dim) for i in range(0, head_dim, 2)], dtype=torch.float64)
+            assert table.dtype == torch.float64
+            torch.testing.assert_close(table, expected, rtol=4e-16, atol=0)
+            assert not torch.equal(getattr(rotary, f"{prefix}inv_freq").double(), table)  # what was replaced
+            layer_type = (prefix[:-1],) if prefix else ()
+            cos, _ = rotary(torch.zeros(1, 1, dtype=torch.float64), torch.tensor([[1000]]), *layer_type)
+            angle = 1000 * table  # position 1000: cos computed from the float64 frequencies
+            torch.testing.assert_close(cos[0, 0], torch.cat([angle, angle]).cos(), rtol=0, atol=1e-15)
+
+
+def test_llama3_and_linear_rope_types_and_an_unknown_one():
+    rope = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=8192)
+    inv = float64_inv_freq(rope, 64)
+    plain = float64_inv_freq(dict(rope_type="default", rope_theta=500000.0), 64)
+    assert inv[0] == plain[0] and inv[-1] == plain[-1] / 32.0  # high frequencies kept, low ones divided
+    assert float64_inv_freq(dict(rope_type="linear", rope_theta=1e4, factor=8.0), 16).mul(8.0).equal(
+        float64_inv_freq(dict(rope_type="default", rope_theta=1e4), 16))
+    assert float64_inv_freq(dict(rope_type="yarn", rope_theta=1e4, factor=4.0), 16) is None
+
+
+def test_a_float64_difference_near_1e_12_is_logged_as_such():
+    reference = torch.tensor([3.0, 1.0, -2.0], dtype=torch.float64)
+    other = reference.clone()
+    other[1] += 3e-12
+    assert comparable(other).dtype == torch.float64 and comparable(other.bfloat16()).dtype == torch.float32
+    rel = logit_comparison(reference, comparable(other))["logit_linf_rel"]
+    assert rel == pytest.approx(1e-12, rel=1e-3)
+    # two logits 4e-16 apart straddling a float32 rounding boundary: float32 would make them 6e-8 apart
+    a = torch.tensor([1.0 + 2.0**-24 - 2.0**-52], dtype=torch.float64)
+    b = torch.tensor([1.0 + 2.0**-24 + 2.0**-52], dtype=torch.float64)
+    assert logit_comparison(comparable(a), comparable(b))["logit_linf"] < 1e-15
+    assert logit_comparison(a.float(), b.float())["logit_linf"] > 1e-8  # what `.float()` made of it
+
+
+def test_a_float64_patched_pass_logs_float64_differences():
+    """End to end on a float64 model: the patched pass's logits are float64, and its difference from the
+    with-context logits is at float64 rounding, logged as a nonzero number far below float32's."""
+    from experiments.patching.generate import compare_generation
+    from experiments.patching.patcher import Patcher
+    from experiments.zoo.prompts import encode_prompt
+
+    bundle = load_model("tiny-llama", torch.float64, "cpu", seed=0)
+    steps = list(compare_generation(Patcher(bundle.model, "naive"), encode_prompt(bundle, "Hi there."), 3))
+    rel = [logit_comparison(st.context, st.patched.logits)["logit_linf_rel"] for st in steps]
+    assert all(st.patched.logits.dtype == torch.float64 and st.context.dtype == torch.float64 for st in steps)
+    assert max(rel) < 1e-12 and max(rel) > 0.0
