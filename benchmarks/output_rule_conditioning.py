@@ -60,9 +60,10 @@ def main() -> None:
     norms: dict = {}
     rows: dict[int, dict[str, list[float]]] = {}
     for _ in range(a.tokens):
-        logits, caps, cache = patcher.context_step({"input_ids": query}, cache)
+        step = patcher.context_step({"input_ids": query}, cache)
+        logits, caps, cache = step.logits, step.targets, step.cache
         keep: dict = {}
-        result = patcher.patched_pass(query, caps, keep=keep)
+        result = patcher.patched_pass(query, step, keep=keep)
         for index, (layer, cap) in enumerate(zip(patcher.layers, caps, strict=True)):
             row = rows.setdefault(index, {})
             prefix = patcher.layer_names[index] + "."

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.patching.generate import compare_generation, logit_comparison
+from experiments.patching.compare import logit_comparison
+from experiments.patching.generate import compare_generation
 from experiments.patching.patcher import Patcher
 from experiments.zoo.prompts import encode_prompt
 
@@ -21,7 +22,7 @@ def test_algorithm1_open_loop_float32_is_at_rounding_level_at_every_layer_and_th
     before = qwen32.model(**inputs).logits[0, -1]
     for st in compare_generation(Patcher(qwen32.model, "naive"), inputs, 2, stock_at=lambda step: step == 0):
         patched = logit_comparison(st.context, st.patched.logits)
-        control = logit_comparison(st.context, st.control)
+        control = logit_comparison(st.context, st.control.logits)
         # measured: hidden 3-9e-7 at every layer, no growth; logits ~2e-6 (Gemma 270M naive: O(1), tenfold a layer)
         assert max(st.patched.hidden_rel) < 1e-5, st.patched.hidden_rel
         assert st.patched.hidden_rel[-1] < 10 * st.patched.hidden_rel[0] + 1e-6, st.patched.hidden_rel
