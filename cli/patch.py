@@ -21,9 +21,8 @@ EXPORT_HELP = "\n\n".join([
     "OUT/base (the original, for random models), OUT/inputs.json (the context and query token ids) and "
     "OUT/run.json.",
     "Keys, as key=value (Hydra overrides; `icl-exp run patch_export --cfg job` prints them all):",
-    "model=ID, a local folder, or an offline model: tiny-gemma3, tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj, "
-    "tiny-olmo2 "
-    "(default tiny-gemma3)",
+    "model=ID, a local folder, or an offline model: gemma-3-270m, qwen2.5-0.5b (trained), tiny-gemma3, tiny-llama, "
+    "tiny-gpt2, tiny-mixtral, tiny-gptj, tiny-olmo2, tiny-qwen3, tiny-phi3, tiny-gpt-neox (default tiny-gemma3)",
     "prompt=TEXT, the prompt whose context goes into the weights (default: the paper's Mars forecast prompt)",
     "out=DIR, the run folder (default results/patch_export/STAMP)",
     "variant=naive, conditioned, stable (post-norm blocks: Gemma 3, OLMo 2), closed_loop (default: an open loop "

@@ -35,8 +35,9 @@ One job per file:
 - architectures.py   the zoo's one window onto the adapters: which architectures are worth loading
 
 What the zoo needs from above it, it asks through architectures.py, inside functions only:
-- which architectures can be patched (an adapter in experiments/patching/arch/), checked before a weight
-  is read or a GGUF converted;
+- which architectures can be patched (an adapter in experiments/patching/arch/, or Llama's module names
+  read on the meta device), checked before a weight is read or a GGUF converted; and, once a model is
+  loaded, its adapter checked against its stock decoder layers (`check_block`);
 - the adapters' tiny test models (names and configs) and what an adapter asks of the loader
   (`load_kwargs`). loading.py asks for the names once, when it is imported: importing zoo.loading
   imports the adapters; the rest of the zoo, which patching uses, never imports patching.

@@ -13,11 +13,34 @@ imported was the alternative; it makes what the zoo accepts depend on what the c
 from __future__ import annotations
 
 
-def require(model_type: str) -> None:
-    """One line naming the supported architectures when `model_type` has no adapter."""
-    from experiments.patching.arch import adapter_for
+def require(config) -> None:
+    """One line naming the supported architectures when `config.model_type` has no adapter, unless its decoder
+    layer has Llama's module names: then the Llama adapter is put on trial for it (patching/arch/llama_style.py),
+    kept only if `check_block` passes once the model is loaded. Nothing is loaded here (the meta device)."""
+    from experiments.patching.arch import ADAPTERS, LLAMA_STYLE, adapter_for
+    from experiments.patching.arch.llama_style import llama_style_adapter
 
+    model_type = config.model_type
+    if model_type not in ADAPTERS and model_type not in LLAMA_STYLE:
+        trial = llama_style_adapter(config)
+        if trial is not None:
+            LLAMA_STYLE[model_type] = trial
     adapter_for(model_type)
+
+
+def check_block(model) -> None:
+    """The model's adapter checked against its stock decoder layers (patching/arch/check.py), once per layer
+    structure: one line saying what differed when it misdescribes them; a Llama-style trial that fails is
+    withdrawn."""
+    from experiments.patching.arch import LLAMA_STYLE, adapter_for
+    from experiments.patching.arch.check import check_adapter
+
+    model_type = model.config.model_type
+    try:
+        check_adapter(model, adapter_for(model_type))
+    except Exception:
+        LLAMA_STYLE.pop(model_type, None)
+        raise
 
 
 def known(model_type: str) -> bool:

@@ -2,14 +2,15 @@
 
 `load_model(name, dtype, device, seed)` takes
 - a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have a context-patching
-  adapter (asked through zoo/architectures.py);
+  adapter, or a decoder layer with Llama's module names (tried with Llama's adapter), asked through
+  zoo/architectures.py; once loaded, the adapter is checked against the stock layers (patching/arch/check.py);
 - `gemma-3-270m`, `qwen2.5-0.5b` (trained weights the package registry ships, zoo/bundled_gguf.py) or
   `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
 - an offline random model: the Gemma 3 ones of zoo/gemma.py (tiny-gemma3, gemma3-1b-random,
   tiny-gemma3-vision), every other adapter's tiny model (tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj,
-  tiny-olmo2: 4 layers, d = 64, the stock transformers classes, each config beside its adapter in
-  patching/arch/, asked through zoo/architectures.py) and llama3.2-1b-random (Llama 3.2 1B's shape)
-  built here, all with the same byte-level tokenizer and chat template (zoo/tokenizer.py).
+  tiny-olmo2, tiny-qwen3, tiny-phi3, tiny-gpt-neox: 4 layers, d = 64, the stock transformers classes, each
+  config beside its adapter in patching/arch/, asked through zoo/architectures.py) and llama3.2-1b-random
+  (Llama 3.2 1B's shape) built here, all with the same byte-level tokenizer and chat template (zoo/tokenizer.py).
 
 Before anything is allocated, the model's size is computed on the meta device and compared with the
 memory available: a model that cannot fit fails in one line. A hub id is tried only when the hub is
@@ -207,7 +208,7 @@ def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
         config = offline_config(name)
     else:
         config, _ = resolve_config(local_checkpoint(name))
-    architectures.require(config.model_type)
+    architectures.require(config)
     check_fits(name, config, dtype, device)
     return config
 
@@ -250,4 +251,5 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.devi
         is_random = False
     model = exact_float64_(model.to(device).eval())  # float64 models: no float32 step left (zoo/float64.py)
     model.requires_grad_(False)
+    architectures.check_block(model)  # the adapter against the stock layers, once per layer structure
     return ModelBundle(name=name, model=model, tokenizer=tok, processor=processor, is_random=is_random)

@@ -2,7 +2,7 @@
 
 Offline models need a tokenizer that exists without the hub: one token per byte plus Gemma's special
 tokens, built with the `tokenizers` library and wrapped as a transformers fast tokenizer, so it saves and
-reloads with AutoTokenizer like a real one. CHAT_TEMPLATE is Gemma's chat format; a GGUF whose tokenizer
+reloads with AutoTokenizer like a real one. CHAT_TEMPLATE is Gemma's chat format; a Gemma GGUF whose header
 carries no template gets it too (zoo/gguf.py).
 """
 

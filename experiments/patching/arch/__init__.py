@@ -1,13 +1,18 @@
 """One adapter per architecture, keyed on transformers' `config.model_type`.
 
 Adding an architecture: its adapter file here (a `BlockAdapter` naming its Table 1 rule and carrying its
-tiny test config) and its line in FAMILIES. The offline tiny model, the parametrized tests over
-TINY_MODELS and `model_type` lookup follow from that line."""
+tiny test config; for a block Llama's adapter already describes, `dataclasses.replace` of it, as qwen3.py)
+and its line in FAMILIES. The offline tiny model, the parametrized tests over TINY_MODELS and
+`model_type` lookup follow from that line. Every adapter is checked against the stock decoder layer when a
+model is loaded (check.py): a block it misdescribes is refused in one line saying what differed.
+
+A `model_type` with no adapter whose decoder layer has Llama's module names (llama_style.py) is tried
+with the Llama adapter (LLAMA_STYLE) and kept only if that check passes (docs/models.md says why)."""
 
 from __future__ import annotations
 
 from experiments.core.errors import UserError
-from experiments.patching.arch import gemma3, gpt2, gptj, llama, mixtral, olmo2
+from experiments.patching.arch import gemma3, gpt2, gpt_neox, gptj, llama, mixtral, olmo2, phi3, qwen3
 from experiments.patching.arch.base import BlockAdapter
 
 FAMILIES: tuple[BlockAdapter, ...] = (
@@ -17,8 +22,14 @@ FAMILIES: tuple[BlockAdapter, ...] = (
     mixtral.ADAPTER,
     gptj.ADAPTER,
     olmo2.ADAPTER,
+    qwen3.ADAPTER,
+    phi3.ADAPTER,
+    gpt_neox.ADAPTER,
 )
 ADAPTERS: dict[str, BlockAdapter] = {t: adapter for adapter in FAMILIES for t in adapter.model_types}
+# model_type -> the Llama adapter tried for a family without one whose layer has Llama's module names
+# (llama_style.py); on trial until the model's check passes (check.py removes a failed one)
+LLAMA_STYLE: dict[str, BlockAdapter] = {}
 # offline name -> adapter, for the families that carry a tiny random test model (all of them today)
 TINY_MODELS: dict[str, BlockAdapter] = {a.tiny_model: a for a in FAMILIES if a.tiny_model and a.tiny_config}
 
@@ -30,7 +41,7 @@ def supported() -> str:
 def adapter_for(model_type: str) -> BlockAdapter:
     """The adapter for a transformers `model_type`, or one line naming the supported ones."""
     try:
-        return ADAPTERS[model_type]
+        return ADAPTERS[model_type] if model_type in ADAPTERS else LLAMA_STYLE[model_type]
     except KeyError:
         raise UserError(f"model_type {model_type!r} has no context-patching adapter; "
                         f"supported: {supported()}") from None
