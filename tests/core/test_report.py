@@ -147,7 +147,8 @@ def test_readme_tables_between_markers(results, tmp_path):
     assert proc.returncode == 2 and "markers" in proc.stderr
 
 
-@pytest.mark.skipif(find_browser() is None, reason="no Chromium (apt-get install chromium)")
+@pytest.mark.skipif(find_browser() is None, reason="no Chromium: apt-get install chromium (as root, `nox -s tests` "
+                    "installs it)")
 def test_report_renders_in_headless_chromium(results, tmp_path):
     """The HTML opened in a real browser: the screenshot shows the tables' pass and FAIL cells and the
     embedded figure (its C0-blue curve), not a blank page or a broken image."""
