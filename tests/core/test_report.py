@@ -168,6 +168,21 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     assert present((31, 119, 180), tol=30) > 30  # the figure's blue curve: the base64 image decoded
 
 
+def test_chromium_is_installed_only_as_root_with_apt_get(monkeypatch):
+    """`nox -s tests` installs the browser for the test above only where it can (root, apt-get); elsewhere
+    one line says why, and that test is skipped."""
+    from tests.core import browser
+
+    monkeypatch.setattr(browser, "find_browser", lambda: None)
+    monkeypatch.setattr(browser.os, "geteuid", lambda: 1000)
+    with pytest.raises(browser.Unavailable, match="needs root"):
+        browser.ensure_installed(log=lambda _line: None)
+    monkeypatch.setattr(browser.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(browser.shutil, "which", lambda _name: None)
+    with pytest.raises(browser.Unavailable, match="no apt-get"):
+        browser.ensure_installed(log=lambda _line: None)
+
+
 def _sweep(root: Path, experiment: str, start: str, jobs: list[tuple[str, float, bool]], preset="smoke",
            statuses=None) -> Path:
     sweep = root / experiment / "multirun" / start.replace(":", "-")
