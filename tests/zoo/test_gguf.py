@@ -21,6 +21,31 @@ def bundled_gguf() -> Path:
     return gguf._bundled_gguf(progress=lambda _line: None)
 
 
+@pytest.fixture(scope="module")
+def gguf_config_read_once(bundled_gguf):
+    """transformers reads a GGUF's config by parsing all its metadata in Python, the 262k-token vocabulary
+    included (25 s on 2 cores): the tests that only need the bundled GGUF's config share one reading."""
+    import copy
+    import functools
+
+    from transformers import AutoConfig
+
+    real = AutoConfig.from_pretrained
+
+    @functools.cache
+    def read(folder: str, gguf_file: str):
+        return real(folder, gguf_file=gguf_file)
+
+    def from_pretrained(folder, *args, gguf_file=None, **kwargs):
+        if gguf_file is None or args or kwargs:
+            return real(folder, *args, gguf_file=gguf_file, **kwargs)
+        return copy.deepcopy(read(str(folder), gguf_file))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AutoConfig, "from_pretrained", from_pretrained)
+        yield
+
+
 def files_under(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
 
@@ -61,6 +86,7 @@ def test_a_truncated_gguf_is_one_line_and_caches_nothing(tmp_path, monkeypatch, 
     assert files_under(tmp_path / "cache") == []
 
 
+@pytest.mark.usefixtures("gguf_config_read_once")
 def test_an_architecture_without_an_adapter_is_refused_naming_the_supported_ones(tmp_path, monkeypatch,
                                                                                   bundled_gguf):
     from experiments.patching import arch
@@ -80,6 +106,7 @@ def test_an_unwritable_cache_is_one_line(monkeypatch):
         gguf.checkpoint_folder(gguf.GEMMA_270M, progress=lambda _line: None)
 
 
+@pytest.mark.usefixtures("gguf_config_read_once")
 def test_a_failure_while_converting_leaves_no_half_written_folder(tmp_path, monkeypatch, bundled_gguf):
     """The folder only ever appears complete: a crash mid-write (here: the disk full at the tokenizer) removes
     the staging folder, and the next run starts clean."""
