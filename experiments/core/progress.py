@@ -76,8 +76,9 @@ def reset() -> None:
 def phase(name: str) -> None:
     """The run's phase from now on ("setup", "experiment", "figures", ...): an interrupt or error outside
     any loop stops "at figures"."""
-    global _phase
+    global _phase, _last_stopped
     _phase = _Phase(name)
+    _last_stopped = None  # (and its traceback's frames: an exception caught before is history now)
     _pause_if_asked(name)
 
 
@@ -141,6 +142,8 @@ class _Bar:
         return f"{self.description} {self.done}/{self.total}"
 
     def __enter__(self) -> _Bar:
+        global _last_stopped
+        _last_stopped = None  # a new loop: an exception caught before is history (and its frames are freed)
         _running.append(self)
         if self._fancy:
             self._progress = Progress(
