@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.core import progress
 from experiments.core.atomic import write_atomic
 
 METRICS_FILE = "metrics.csv"
@@ -116,6 +117,7 @@ class RunContext:
                                  paper_value=None if paper_value is None else float(paper_value),
                                  measured=measured, tolerance=tolerance, comparison=comparison, passed=passed,
                                  measure=measure or ""))
+        progress.note_done(f"claim {id}")  # an interrupt from here on stops "at experiment (after claim ...)"
         return passed
 
     def claims(self) -> pd.DataFrame:

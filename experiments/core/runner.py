@@ -111,23 +111,46 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     t0 = time.perf_counter()
     ctx = RunContext(run_dir=run_dir, experiment=name, run_id=run_id)
     progress.reset()
+    # Each phase names itself, so that an interrupt or error anywhere before run.json says complete records
+    # where it stopped: "setup", a loop's step or "experiment (after grid 100/100)", "results", "figures",
+    # "summary".
     try:
-        ctx.device = use_device(resolve_device(cfg.get("device", "auto")))  # cuda -> cuda:K, K current
-        ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
-        if cfg.get("threads"):
-            torch.set_num_threads(int(cfg.threads))
-        record["torch_threads"] = torch.get_num_threads()
-        record["device"] = describe_device(ctx.device)
-        record["dtype"] = dtype_name(ctx.dtype)
-        write_json_atomic(run_json, record)
-        seed_everything(int(cfg.get("seed", 0)))
-        what = exp.figures[1:-1] if exp.figures.startswith("(") and exp.figures.endswith(")") else exp.figures
-        log.info("%s: %s -> %s", name, what, run_dir)  # "patch_export: checkpoint -> ...", never "((...))"
-        log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
         with _sigterm_interrupts():
+            progress.phase("setup")
+            ctx.device = use_device(resolve_device(cfg.get("device", "auto")))  # cuda -> cuda:K, K current
+            ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
+            if cfg.get("threads"):
+                torch.set_num_threads(int(cfg.threads))
+            record["torch_threads"] = torch.get_num_threads()
+            record["device"] = describe_device(ctx.device)
+            record["dtype"] = dtype_name(ctx.dtype)
+            write_json_atomic(run_json, record)
+            seed_everything(int(cfg.get("seed", 0)))
+            what = exp.figures[1:-1] if exp.figures.startswith("(") and exp.figures.endswith(")") else exp.figures
+            log.info("%s: %s -> %s", name, what, run_dir)  # "patch_export: checkpoint -> ...", never "((...))"
+            log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
+            progress.phase("experiment")
             exp.run(cfg, ctx)
+            progress.phase("results")  # metrics.csv, claims.csv
             ctx.flush()
+            progress.phase("figures")
             render_run(run_dir, exp)
+            progress.phase("summary")  # the claim lines and the summary, then run.json: complete (last)
+            _record_precision(record, ctx)
+            wall_time_s = round(time.perf_counter() - t0, 3)
+            claims = ctx.claims()
+            for row in claims.to_dict("records"):
+                log.info("%s", claim_line(row))
+            for line in run_summary(run_dir, claims, wall_time_s, preset):
+                log.info("%s", line)
+            for note in ctx.notes:
+                log.info("note: %s", note)
+            record.update(status="complete", end=_now(), wall_time_s=wall_time_s)
+            record["claims_passed"] = int(claims["passed"].sum())
+            record["claims_total"] = len(claims)
+            if ctx.notes:
+                record["notes"] = list(ctx.notes)
+            write_json_atomic(run_json, record)
     except BaseException as err:  # Ctrl-C / SIGTERM: interrupted; anything else: failed; never complete
         interrupted = isinstance(err, KeyboardInterrupt)
         try:
@@ -139,20 +162,6 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
                           error=_one_line(err), stopped_at=progress.last_progress())
             write_json_atomic(run_json, record)
         raise
-    _record_precision(record, ctx)
-    record.update(status="complete", end=_now(), wall_time_s=round(time.perf_counter() - t0, 3))
-    claims = ctx.claims()
-    record["claims_passed"] = int(claims["passed"].sum())
-    record["claims_total"] = len(claims)
-    if ctx.notes:
-        record["notes"] = list(ctx.notes)
-    write_json_atomic(run_json, record)
-    for row in claims.to_dict("records"):
-        log.info("%s", claim_line(row))
-    for line in run_summary(run_dir, claims, record["wall_time_s"], preset):
-        log.info("%s", line)
-    for note in ctx.notes:
-        log.info("note: %s", note)
     return ctx
 
 

@@ -94,15 +94,15 @@ def test_a_job_that_can_never_start_is_cancelled_in_one_line(slurm, tmp_path):
 
 
 def test_scancel_of_a_running_job_leaves_run_json_interrupted(slurm, tmp_path):
+    """The job waits in its training loop (ICL_EXP_PAUSE_AT) until scancel's SIGTERM, at any speed."""
     sweep = tmp_path / "sweep"
-    proc = _cli(slurm, "run", "linreg_icl", "-m", "hydra/launcher=slurm", "preset=smoke", "train.steps=1000000",
-                *ONE_CPU, "seed=0", f"hydra.sweep.dir={sweep}", background=True)
+    proc = _cli(slurm, "run", "linreg_icl", "-m", "hydra/launcher=slurm", *SMALL, *ONE_CPU, "seed=0",
+                f"hydra.sweep.dir={sweep}", env={"ICL_EXP_PAUSE_AT": "train 1"}, background=True)
     try:
-        deadline = time.monotonic() + 120
-        while not _training(sweep / "0"):
-            assert time.monotonic() < deadline and proc.poll() is None, "the job never started training"
+        deadline = time.monotonic() + 600  # only against a hang: the test waits on the job's pause line
+        while not _paused(sweep):
+            assert time.monotonic() < deadline and proc.poll() is None, "the job never reached train 1/2"
             time.sleep(0.5)
-        time.sleep(3)  # into its training loop
         job_ids = slurm.run("squeue", "-h", "-o", "%A").stdout.split()
         assert len(job_ids) == 1
         assert slurm.run("scancel", job_ids[0]).returncode == 0
@@ -113,14 +113,15 @@ def test_scancel_of_a_running_job_leaves_run_json_interrupted(slurm, tmp_path):
     assert proc.returncode == 1, (out + err)[-3000:]
     record = _status(sweep / "0")
     assert record["status"] == "interrupted" and "SIGTERM" in record["error"], record
+    assert record["stopped_at"] == "train 1/2", record
     assert "job 0" in err and "interrupted" in err
     _no_poll_noise(out + err)
 
 
-def _training(job_dir: Path) -> bool:
-    """The job is in its training loop (metrics flushed as it goes)."""
-    return (job_dir / "run.json").is_file() and _status(job_dir)["status"] == "running" and \
-        (job_dir / "icl-exp.log").is_file() and "linreg_icl" in (job_dir / "icl-exp.log").read_text()
+def _paused(sweep: Path) -> bool:
+    """The job says, in its stderr log (submitit's .submitit/<job>/<job>_0_log.err), that it waits there."""
+    return any("paused at train 1/2" in log.read_text(errors="replace")
+               for log in (sweep / ".submitit").glob("*/*.err"))
 
 
 def test_gpt_wq_two_gloo_ranks_under_srun_and_torchrun_match_one_process(slurm, tmp_path):

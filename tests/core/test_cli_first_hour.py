@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -43,13 +42,14 @@ def test_far_off_experiment_name_suggests_nothing(icl_inprocess, tmp_path):
 
 
 @pytest.mark.parametrize("typo, meant", [("tiny-lama", "tiny-llama"), ("tiny-gema3", "tiny-gemma3")])
-def test_offline_model_typo_is_not_tried_as_a_hub_id(icl, tmp_path, typo, meant):
-    t0 = time.perf_counter()
+def test_offline_model_typo_is_not_tried_as_a_hub_id(icl, tmp_path, monkeypatch, typo, meant):
+    # With the hub declared offline, a name tried as a hub id would end in "the hub is unreachable ...": its
+    # absence shows the name was never tried, on any network and at any speed (no wall-clock bound).
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     proc = icl("run", "patch_match", "preset=smoke", f"model={typo}", f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(proc, f"model={typo}", f"did you mean model={meant}?")
     assert "hub is unreachable" not in proc.stderr
     assert not (tmp_path / "run").exists()
-    assert time.perf_counter() - t0 < 120
 
 
 def test_a_folder_named_like_an_offline_model_is_taken_as_a_folder(tmp_path, monkeypatch):
@@ -101,33 +101,37 @@ def test_launcher_with_its_extra_passes():
 
 # -- 4: Ctrl-C during start-up -----------------------------------------------------------------------
 
-def _torch_loaded(pid: int) -> bool:
-    try:
-        return "libtorch" in open(f"/proc/{pid}/maps").read()
-    except OSError:
-        return False
+# The CLI, with torch's first import made to wait for a signal: Ctrl-C then lands while the command line is
+# being checked (validation imports the experiment, and torch with it), on any machine, at any load.
+PAUSE_AT_TORCH = """
+import importlib.abc, runpy, sys, time
+class PauseAtTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            print("importing torch", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
+sys.meta_path.insert(0, PauseAtTorch())
+sys.argv = ["icl-exp", *sys.argv[1:]]
+runpy.run_module("cli.main", run_name="__main__")
+"""
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")
 def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path):
-    """SIGINT once the CLI is importing torch (validation, before Hydra starts the job): one line, exit
-    130, no traceback, no empty parentheses, and no run folder unless the run had begun by then."""
+    """SIGINT while the CLI imports torch (validation, before Hydra starts the job): one line, exit 130, no
+    traceback, no empty parentheses, and no run folder."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "linreg_icl", "preset=smoke",
+    proc = subprocess.Popen([sys.executable, "-c", PAUSE_AT_TORCH, "run", "linreg_icl", "preset=smoke",
                              f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None and not _torch_loaded(proc.pid):
-        time.sleep(0.01)
+    first = proc.stderr.readline()  # the signal goes only once the import is waiting for it
+    assert first == "importing torch\n", first + proc.communicate(timeout=120)[1][-3000:]
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "()" not in err, err[-3000:]
     assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted"), err
-    if (run_dir / "run.json").exists():  # the signal came once the job was running: its own line
-        assert '"interrupted"' in (run_dir / "run.json").read_text()
-    else:
-        assert "nothing was written" in err and not run_dir.exists(), err
+    assert "nothing was written" in err and not run_dir.exists(), err
 
 
 # -- 3: plot and report on a missing folder, plot on an experiment's folder --------------------------

@@ -1,15 +1,9 @@
 """What a run prints: compact numbers, claims read per comparison, a summary with the files, a
-note on smoke runs, paths never wrapped, progress quiet when piped, Ctrl-C as one line and
-`interrupted` in run.json."""
+note on smoke runs, paths never wrapped, progress quiet when piped (Ctrl-C: test_interrupts.py)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,7 +11,6 @@ import pytest
 from experiments.core import progress as progress_module
 from experiments.core.progress import last_progress, progress
 from experiments.core.summary import claim_line, fmt
-from tests.conftest import REPO_ROOT
 
 
 def test_numbers_are_compact():
@@ -93,22 +86,3 @@ def test_an_exception_leaves_the_loop_position():
                 inner.advance(2)
                 raise RuntimeError
     assert last_progress() == "inner 2/5"
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
-def test_ctrl_c_is_one_line_and_interrupted(tmp_path, sig):
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "linreg_icl", "preset=cpu",
-                             f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
-    deadline = time.time() + 240
-    while time.time() < deadline and not (run_dir / "metrics.csv").exists():  # first flush: training runs
-        time.sleep(0.2)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted"), err
-    record = json.loads((run_dir / "run.json").read_text())
-    assert record["status"] == "interrupted" and record["end"] is not None
-    assert record["stopped_at"] and record["stopped_at"].split()[0] in err

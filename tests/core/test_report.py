@@ -147,7 +147,8 @@ def test_readme_tables_between_markers(results, tmp_path):
     assert proc.returncode == 2 and "markers" in proc.stderr
 
 
-@pytest.mark.skipif(find_browser() is None, reason="no Chromium (apt-get install chromium)")
+@pytest.mark.skipif(find_browser() is None, reason="no Chromium: apt-get install chromium (as root, `nox -s tests` "
+                    "installs it)")
 def test_report_renders_in_headless_chromium(results, tmp_path):
     """The HTML opened in a real browser: the screenshot shows the tables' pass and FAIL cells and the
     embedded figure (its C0-blue curve), not a blank page or a broken image."""
@@ -165,6 +166,21 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     assert present((0xB0, 0x00, 0x20)) > 20  # the red "FAIL" text
     assert present((0xFD, 0xE8, 0xE8), tol=4) > 500  # the failed row's background
     assert present((31, 119, 180), tol=30) > 30  # the figure's blue curve: the base64 image decoded
+
+
+def test_chromium_is_installed_only_as_root_with_apt_get(monkeypatch):
+    """`nox -s tests` installs the browser for the test above only where it can (root, apt-get); elsewhere
+    one line says why, and that test is skipped."""
+    from tests.core import browser
+
+    monkeypatch.setattr(browser, "find_browser", lambda: None)
+    monkeypatch.setattr(browser.os, "geteuid", lambda: 1000)
+    with pytest.raises(browser.Unavailable, match="needs root"):
+        browser.ensure_installed(log=lambda _line: None)
+    monkeypatch.setattr(browser.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(browser.shutil, "which", lambda _name: None)
+    with pytest.raises(browser.Unavailable, match="no apt-get"):
+        browser.ensure_installed(log=lambda _line: None)
 
 
 def _sweep(root: Path, experiment: str, start: str, jobs: list[tuple[str, float, bool]], preset="smoke",

@@ -87,8 +87,10 @@ def test_basic_launcher_goes_on_after_a_user_error_at_run_time(tmp_path):
 
 def test_parallel_launcher_keeps_the_healthy_sibling(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    """`hydra/launcher=parallel` (conf/hydra/launcher/parallel.yaml): the two jobs in two processes."""
     proc = _sweep(tmp_path, "hydra/launcher=parallel", env=_user_error_for_seed(tmp_path, 1))
     _assert_survived(proc, tmp_path, "1", "deliberate failure for seed 1")
+    assert "Joblib.Parallel(n_jobs=2" in proc.stderr + proc.stdout
 
 
 def test_every_job_is_checked_once_by_the_cli_before_the_first_job_starts(tmp_path):

@@ -4,7 +4,6 @@ tests/core/test_run_folder_contract.py)."""
 import json
 
 import pandas as pd
-import pytest
 import yaml
 
 from experiments.core.results import CLAIM_COLUMNS
@@ -91,19 +90,6 @@ def test_multirun_of_two_seeds_is_combined(icl, tmp_path):
     m1 = pd.read_csv(sweep / "1" / "metrics.csv")
     assert m0.run_id.iloc[0] != m1.run_id.iloc[0]
     assert not m0[m0.metric == "train_loss"].value.equals(m1[m1.metric == "train_loss"].value)
-
-
-def test_parallel_sweep_with_the_joblib_launcher(icl, tmp_path):
-    """`hydra/launcher=parallel` (conf/hydra/launcher/parallel.yaml): two jobs in two processes."""
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
-    sweep = tmp_path / "sweep"
-    proc = icl("run", "linreg_icl", "-m", "hydra/launcher=parallel", "preset=smoke", "seed=0,1", "train.steps=2",
-               "eval.grid_tasks=1", f"hydra.sweep.dir={sweep}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Joblib.Parallel(n_jobs=2" in proc.stderr + proc.stdout
-    for job in ("0", "1"):
-        assert json.loads((sweep / job / "run.json").read_text())["status"] == "complete"
-    assert (sweep / "figures" / f"{FIGURE}.png").is_file()
 
 
 def test_heat_map_colorbars_say_what_they_measure():

@@ -33,23 +33,24 @@ def test_autocast_follows_the_dtype_on_cuda_too():
     assert cpu.fast_dtype == torch.bfloat16 and cpu.device == "cpu"
 
 
-def _run(tmp_path, name, *overrides):
-    proc = run_cli("run", "gpt_wq", "preset=smoke", "export_hf=false", f"cache_dir={tmp_path / 'cache'}",
-                   f"hydra.run.dir={tmp_path / name}", *overrides)
-    return proc, (json.loads((tmp_path / name / "run.json").read_text())
-                  if (tmp_path / name / "run.json").is_file() else None)
-
-
-def test_run_json_records_the_precision_that_ran(tmp_path):
-    proc, record = _run(tmp_path, "fp32", "train.steps=2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_run_json_records_the_precision_that_ran(tmp_path, smoke_runs):
+    record = json.loads((smoke_runs("gpt_wq") / "run.json").read_text())  # the shared run: dtype=float32
     assert record["dtype"] == "float32" and record["precision"] == "float32"
-    proc, record = _run(tmp_path, "bf16", "dtype=bfloat16", "train.steps=2")
+    run_dir = tmp_path / "bf16"
+    proc = run_cli("run", "gpt_wq", "preset=smoke", "export_hf=false", "dtype=bfloat16", "train.steps=2",
+                   f"cache_dir={smoke_runs.root / 'gpt_wq_cache'}", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((run_dir / "run.json").read_text())
     assert record["dtype"] == "bfloat16" and record["precision"] == "bfloat16 autocast, float32 weights"
-    proc, record = _run(tmp_path, "fp16", "dtype=float16")
-    assert proc.returncode == 2 and record is None
-    assert proc.stderr.strip().count("\n") == 0 and "dtype=float16" in proc.stderr
+    # dtype=float16 is refused in one line, before any folder (in this process: no second interpreter)
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    refused = CliRunner().invoke(app, ["run", "gpt_wq", "preset=smoke", "dtype=float16",
+                                       f"hydra.run.dir={tmp_path / 'fp16'}"])
+    assert refused.exit_code == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
+    assert "dtype=float16" in refused.stderr and not (tmp_path / "fp16").exists()
 
 
 class _JumpingClock:
