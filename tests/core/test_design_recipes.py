@@ -261,6 +261,7 @@ def _env(repo: Path) -> dict:
     return {**os.environ, "PYTHONPATH": str(repo), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.numeric  # the new experiment's claim is a statistic of seeded draws
 def test_following_the_experiment_recipe_gives_a_run_that_keeps_the_contract(tmp_path):
     repo = tmp_path / "repo"
     for part in ("cli", "experiments", "conf", "hydra_plugins", "tests"):
