@@ -14,8 +14,9 @@ def report(
     strict: bool = typer.Option(False, "--strict", help="exit 1 if any reported claim fails (a preset=smoke run's "
                                 "failures are expected and do not count)"),
     out: Path = typer.Option(None, "--out", help="where report.md and report.html go (default: RESULTS_DIR)"),
-    readme: Path = typer.Option(None, "--readme", help="also rewrite the results tables between the "
-                                "<!-- results:begin --> and <!-- results:end --> markers of this file"),
+    results_md: Path = typer.Option(None, "--results-md", help="also write the results page (e.g. docs/results.md): "
+                                    "per paper the runs and the claims, a sweep one row per model; the whole file "
+                                    "is generated"),
 ) -> None:
     """Write RESULTS_DIR/report.md and a self-contained report.html: every claim (paper value, measured,
     tolerance, pass/fail, run, preset), figures, failed or missing experiments, a summary per paper."""
@@ -24,7 +25,7 @@ def report(
     from cli.output import fail
     from experiments.core.figures import no_such_folder
     from experiments.core.report.collect import build_report
-    from experiments.core.report.readme import update_readme
+    from experiments.core.report.results_page import check_page_path, write_results_page
     from experiments.core.report.text import paper_groups, runs_line, summary_line
     from experiments.core.report.write import write_report
 
@@ -32,6 +33,11 @@ def report(
         fail(str(no_such_folder(results_dir, "give the folder your runs are in; default: results")))
     if not results_dir.is_dir():
         fail(f"{results_dir} is not a folder; give the folder your runs are in (default: results)")
+    if results_md is not None:
+        try:
+            check_page_path(results_md)
+        except ValueError as error:
+            fail(f"--results-md {results_md}: {error}")
     rep = build_report(results_dir, all_runs=all_runs)
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     for problem in rep.problems:
@@ -50,12 +56,13 @@ def report(
     if rep.missing:
         con.print(f"never run: {', '.join(rep.missing)}")
     con.print(f"report: {md}\nreport: {page}")
-    if readme is not None:
+    if results_md is not None:
+        command = f"icl-exp report {results_dir}{' --all' if all_runs else ''} --results-md {results_md}"
         try:
-            update_readme(readme, rep)
+            write_results_page(results_md, rep, command)
         except (OSError, ValueError) as error:
-            fail(str(error))
-        con.print(f"README tables rewritten: {readme}")
+            fail(f"cannot write the results page {results_md}: {getattr(error, 'strerror', None) or error}")
+        con.print(f"results page: {results_md}")
     if strict and rep.n_failed_claims:
         con.print(f"--strict: {rep.n_failed_claims} claim(s) failed")
         raise typer.Exit(1)

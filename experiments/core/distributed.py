@@ -2,7 +2,7 @@
 few collective steps the runner and a training loop need. Without torchrun every function is the
 single-process no-op, so experiments call them unconditionally.
 
-The contract (DESIGN.md, distributed runs): all ranks share one run folder (rank 0 picks its name and
+The contract (docs/design.md, "Distributed runs"): all ranks share one run folder (rank 0 picks its name and
 broadcasts it); only rank 0 writes files, logs, progress and figures; each rank gets a seed offset;
 LOCAL_RANK picks the GPU.
 """

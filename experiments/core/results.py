@@ -1,4 +1,4 @@
-"""The run directory contract (see DESIGN.md): metrics.csv, claims.csv, run.json, figures/.
+"""The run directory contract (docs/design.md, "The run folder"): metrics.csv, claims.csv, run.json, figures/.
 
 `RunContext` is what an experiment's `run(cfg, ctx)` writes through. Metrics are tidy and long:
 one row per measurement, `experiment, run_id, metric, value` plus index columns. They are
@@ -23,8 +23,8 @@ METRICS_FILE = "metrics.csv"
 CLAIMS_FILE = "claims.csv"
 RUN_FILE = "run.json"
 FIGURES_DIR = "figures"
-# The claim contract (DESIGN.md): a stable id, the paper's reference, a description with no measured
-# numbers in it, the paper's number (or empty), what this run measured, and how the two are compared:
+# The claim contract (docs/design.md, "The run folder"): a stable id, the paper's reference, a description with
+# no measured numbers in it, the paper's number (or empty), what this run measured, and how the two are compared:
 #   comparison "<="     passes when measured <= tolerance       (tolerance is the bound)
 #   comparison ">="     passes when measured >= tolerance       (tolerance is the bar to clear)
 #   comparison "within" passes when |measured - paper_value| <= tolerance

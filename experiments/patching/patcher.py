@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +92,24 @@ def _cache_name_of(cls: type) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
+@contextmanager
+def patched_weights(model: nn.Module, tensors: dict[str, Tensor]):
+    """Inside the block, `model`'s parameters hold the patched `tensors` (full parameter names, as
+    `Patcher.patched_pass(keep=...)` gives them), copied into their own storage; after it, their own values
+    again, bit for bit."""
+    params = dict(model.named_parameters())
+    saved = {name: params[name].detach().clone() for name in tensors}
+    try:
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                params[name].copy_(tensor)
+        yield model
+    finally:
+        with torch.no_grad():
+            for name, tensor in saved.items():
+                params[name].copy_(tensor)
+
+
 # -- the patcher -------------------------------------------------------------------------------------
 class Patcher:
     """Per-token patches for any supported transformers causal LM (see `arch/` and `variants.py`)."""
@@ -153,15 +172,8 @@ class Patcher:
         and the model's forward of the query alone, with no hook, no interception; the parameters are then
         restored bit for bit. What the patched pass gave counts only if this gives it too: the bits of a
         product depend on more than its operands (MKL's on a weight's memory alignment)."""
-        params = dict(self.model.named_parameters())
-        saved = {name: params[name].detach().clone() for name in patched}
-        try:
-            for name, tensor in patched.items():
-                params[name].copy_(tensor)
+        with patched_weights(self.model, patched):
             return self.control_logits(query)
-        finally:
-            for name, tensor in saved.items():
-                params[name].copy_(tensor)
 
     # -- the patched side ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,4 +1,4 @@
-"""`icl-exp report`: the newest complete run per experiment, sweeps, bad input, --strict, the README tables."""
+"""`icl-exp report`: the newest complete run per experiment, sweeps, bad input, --strict, the results page."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from experiments.core.report.collect import build_report  # noqa: E402
 from experiments.core.report.markdown import render_markdown  # noqa: E402
 from experiments.core.report.page import render_html  # noqa: E402
-from experiments.core.report.readme import README_BEGIN, README_END, readme_tables, update_readme  # noqa: E402
+from experiments.core.report.results_page import render_results_page  # noqa: E402
 from experiments.core.report.write import write_report  # noqa: E402
 from experiments.core.results import CHECK_COLUMNS  # noqa: E402  (claims.csv as written before `measure`)
 from tests.conftest import run_cli  # noqa: E402
@@ -129,22 +129,72 @@ def test_no_runs_and_no_folder(tmp_path):
     assert proc.returncode == 2 and "no such folder" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_readme_tables_between_markers(results, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nintro\n\n{README_BEGIN}\nold table\n{README_END}\n\nafter\n")
-    rep = build_report(results)
-    update_readme(readme, rep)
-    text = readme.read_text()
-    assert "old table" not in text and text.startswith("# x\n\nintro\n\n") and text.endswith("\n\nafter\n")
-    assert readme_tables(rep) in text and "`dherin.fig2.patch_equals_context`" in text
-    update_readme(readme, rep)
-    assert readme.read_text() == text  # idempotent
-    bare = tmp_path / "BARE.md"
-    bare.write_text("no markers\n")
-    with pytest.raises(ValueError, match="markers"):
-        update_readme(bare, rep)
-    proc = run_cli("report", str(results), "--readme", str(bare))
-    assert proc.returncode == 2 and "markers" in proc.stderr
+def table1_sweep(root: Path) -> Path:
+    """A patch_match sweep as the Table 1 one is made: 2 models × 2 dtypes × 2 variants, 8 jobs; the open
+    loop fails on tiny-gpt2 alone, the closed loop's claim is a construction."""
+    sweep = root / "patch_match" / "sweep-table1"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    job = 0
+    for model in ("tiny-llama", "tiny-gpt2"):
+        for dtype in ("float32", "bfloat16"):
+            for variant in ("naive", "closed_loop"):
+                folder = sweep / str(job)
+                ok = not (model == "tiny-gpt2" and variant == "naive")
+                claim_id = (f"goldwaser.fig3.naive_{dtype}_top1_match" if variant == "naive"
+                            else f"goldwaser.construction.closed_loop_{dtype}_logits")
+                make_run(folder, "patch_match", f"2026-01-02T00:00:{job:02d}", [claim(claim_id, 1.0, ok)])
+                record = json.loads((folder / "run.json").read_text())
+                record.update(model=f"{model} (random)", device="cpu", dtype=dtype, wall_time_s=10.0,
+                              claims_passed=int(ok), claims_total=1,
+                              overrides=["experiment=patch_match", "preset=cpu", f"model={model}", f"dtype={dtype}",
+                                         f"variant={variant}"])
+                (folder / "run.json").write_text(json.dumps(record))
+                job += 1
+    return sweep
+
+
+def test_results_page_collapses_a_sweep_to_one_row_per_model(tmp_path):
+    """The runs table has one row per model of the 8-job sweep (what else it swept, its jobs, their wall time
+    added up, their claims), not one per job; the claims follow, the construction apart after its note."""
+    root = tmp_path / "results"
+    table1_sweep(root)
+    page = render_results_page(build_report(root), "icl-exp report results --results-md docs/results.md")
+    rows = [line for line in page.splitlines() if line.startswith("| patch_match | patch_match/sweep-table1 |")]
+    assert rows == [
+        "| patch_match | patch_match/sweep-table1 | tiny-llama (random) | dtype: float32, bfloat16; variant: naive, "
+        "closed_loop | 4 | cpu | cpu float32, bfloat16 | 40 s | 4/4 |",
+        "| patch_match | patch_match/sweep-table1 | tiny-gpt2 (random) | dtype: float32, bfloat16; variant: naive, "
+        "closed_loop | 4 | cpu | cpu float32, bfloat16 | 40 s | 2/4 |"]
+    assert page.index("goldwaser.fig3.naive_float32_top1_match") < page.index("Construction:") \
+        < page.index("goldwaser.construction.closed_loop_float32_logits")
+    assert "**FAIL** (1 of 2 jobs)" in page  # the open loop's claim, folded over the two models
+    assert "## Goldwaser et al. — 2/4 claims passed" in page and "## Dherin" not in page  # papers with runs only
+    # the same rows in report.md, which shares the runs table
+    assert rows[0] in render_markdown(build_report(root))
+
+
+def test_results_page_is_written_whole_by_the_report_command(results, tmp_path):
+    page = tmp_path / "docs" / "results.md"
+    proc = run_cli("report", str(results), "--results-md", str(page))
+    assert proc.returncode == 0, proc.stderr
+    text = page.read_text()
+    assert text.startswith("# Results measured here\n")
+    assert f"Generated by `icl-exp report {results} --results-md {page}` on 20" in text
+    assert "at commit unknown" in text  # these hand-made runs recorded none
+    assert text.index("## Dherin et al. — 1/1 claims passed") < text.index("## Xu & Fang")
+    assert "`dherin.fig2.patch_equals_context`" in text and "| -1.02 … -0.7 (2 jobs) |" in text
+    assert "| cov_rate | cov_rate/multirun/s1 |  |  | 2 | cpu |" in text  # a seed sweep without a model: one row
+    assert "not complete: factorization" in text and "RuntimeError: boom" in text
+    page.write_text("hand edits\n")
+    assert run_cli("report", str(results), "--results-md", str(page)).returncode == 0
+    assert "hand edits" not in page.read_text()  # the whole file is generated, every time
+    # a page that cannot be a file: one line, before any report is written
+    empty = tmp_path / "empty"
+    make_run(empty / "a", "linreg_icl", "2026-01-01T00:00:00", [claim("dherin.fig2.patch_equals_context", 0.1, True)])
+    proc = run_cli("report", str(empty), "--results-md", str(tmp_path))
+    assert proc.returncode == 2 and "is a folder" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (empty / "report.md").exists()
 
 
 @pytest.mark.skipif(find_browser() is None, reason="no Chromium: apt-get install chromium (as root, `nox -s tests` "

@@ -1,6 +1,6 @@
-"""Every registered experiment's run folder at preset=smoke follows the contract of DESIGN.md: metrics.csv
-(tidy), claims.csv (ided, judged by its own comparison, no measured number in a description), run.json
-(status, provenance), drawn figures as PNG and PDF that re-render from the CSVs alone.
+"""Every registered experiment's run folder at preset=smoke follows the contract of docs/design.md ("The run
+folder"): metrics.csv (tidy), claims.csv (ided, judged by its own comparison, no measured number in a
+description), run.json (status, provenance), drawn figures as PNG and PDF that re-render from the CSVs alone.
 
 One test, parametrized over the registry, so a new experiment is checked without a line added here;
 its run is the session's shared smoke run (tests/smoke_runs.py), which its own tests read as well.

@@ -4,7 +4,7 @@ run, and links to the figures. Plain Markdown, so it reads in a terminal and ren
 from __future__ import annotations
 
 from experiments.core.report.collect import Report
-from experiments.core.report.runs import path_order, rel
+from experiments.core.report.runs import rel, run_rows
 from experiments.core.report.text import (
     CLAIM_HEADER,
     CONSTRUCTION_NOTE,
@@ -28,17 +28,19 @@ def md_cell(text: str) -> str:
 
 
 def runs_table(report: Report, package: str) -> list[str]:
-    """Markdown rows: which run each paper's numbers come from (preset, device, dtype, wall time, claims)."""
+    """Markdown rows: which runs each paper's numbers come from (model, preset, device, dtype, wall time, claims);
+    a sweep is one row per model it ran, with the other values it swept and its number of jobs (runs.run_rows)."""
     runs = runs_of(report, package)
     if not runs:
         return []
-    lines = ["| Experiment | Run | Preset | Device | Wall | Claims |", "|---|---|---|---|---|---|"]
-    for r in sorted(runs, key=lambda r: (r.experiment, path_order(r.path))):
-        wall = r.record.get("wall_time_s")
-        claims = f"{r.record.get('claims_passed', '')}/{r.record.get('claims_total', '')}"
-        lines.append(f"| {r.experiment} | {md_cell(rel(r.path, report.root))} | {r.preset} | "
-                     f"{r.record.get('device', '')} {r.record.get('dtype', '')} | "
-                     f"{'' if wall is None else f'{float(wall):.0f} s'} | {claims} |")
+    lines = ["| Experiment | Run | Model | Swept | Jobs | Preset | Device | Wall | Claims |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in run_rows(runs):
+        wall = row.wall_s
+        swept = "; ".join(f"{key}: {', '.join(values)}" for key, values in row.swept.items())
+        cells = (row.experiment, rel(row.where, report.root), row.model, swept, len(row.jobs), row.preset,
+                 row.devices, "" if wall is None else f"{wall:.0f} s", row.claims)
+        lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
     return lines + [""]
 
 

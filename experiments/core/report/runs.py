@@ -3,13 +3,14 @@
 A run folder is a folder with run.json; a job of a multirun sweep (its parent has multirun.yaml)
 belongs to that sweep, and a sweep counts as one run. Per experiment the newest complete run at the
 highest preset is shown (paper > gpu > cpu > smoke), so that a later smoke sweep never hides a paper
-run; why each one was taken is kept beside it for the reader.
+run; why each one was taken is kept beside it for the reader. In the runs tables a sweep is one row per
+model it ran (`run_rows`), not one per job: a 24-job Table 1 sweep over 6 models is 6 rows.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.core.results import RUN_FILE
@@ -130,3 +131,71 @@ def _reason(unit: Path, preset: dict, started: dict, complete: list[Path], units
             by_preset[preset[u]] = by_preset.get(preset[u], 0) + 1
         text += "; passed over: " + ", ".join(f"{n} newer {p} run(s)" for p, n in by_preset.items())
     return text
+
+
+@dataclass
+class RunRow:
+    """One row of a runs table: a single run, or the jobs of one sweep that ran one model, with what else the
+    sweep varied among them (`dtype: float32, bfloat16; variant: naive, closed_loop`)."""
+
+    experiment: str
+    where: Path  # the run folder, or the sweep's
+    model: str
+    preset: str
+    jobs: list[Run] = field(default_factory=list)
+    swept: dict[str, list[str]] = field(default_factory=dict)  # key -> its values among these jobs, in job order
+
+    @property
+    def devices(self) -> str:
+        """`cpu float32` or, for jobs in several dtypes, `cpu float32, bfloat16`."""
+        devices = dict.fromkeys(str(r.record.get("device") or "") for r in self.jobs)
+        dtypes = dict.fromkeys(str(r.record.get("dtype") or "") for r in self.jobs)
+        return f"{', '.join(d for d in devices if d)} {', '.join(d for d in dtypes if d)}".strip()
+
+    @property
+    def wall_s(self) -> float | None:
+        """The jobs' wall times added up (what the row cost, whether its jobs ran one after another or not)."""
+        walls = [r.record.get("wall_time_s") for r in self.jobs]
+        return sum(float(w) for w in walls if w is not None) if any(w is not None for w in walls) else None
+
+    @property
+    def claims(self) -> str:
+        """`passed/total` over the jobs, from their run.json (empty where none says)."""
+        counted = [r.record for r in self.jobs if r.record.get("claims_total") is not None]
+        if not counted:
+            return ""
+        passed = sum(int(c.get("claims_passed") or 0) for c in counted)
+        return f"{passed}/{sum(int(c['claims_total']) for c in counted)}"
+
+
+def _override_values(run: Run) -> dict[str, str]:
+    """A run's command-line overrides as key -> value (Hydra's own keys left out)."""
+    pairs = (str(o).split("=", 1) for o in run.record.get("overrides") or [] if "=" in str(o))
+    return {k.lstrip("+~"): v for k, v in pairs if not k.startswith("hydra.")}
+
+
+def run_rows(runs: list[Run]) -> list[RunRow]:
+    """The runs as table rows: a single run is a row; a sweep's jobs make one row per model they ran (the
+    row of Table 1), each naming the other keys the sweep varied and their values among its jobs. Rows in
+    experiment order, then folder order."""
+    rows: dict[tuple, RunRow] = {}
+    for run in sorted(runs, key=lambda r: (r.experiment, path_order(r.path))):
+        key = (run.experiment, run.unit, run.model if run.sweep else run.path)
+        if key not in rows:
+            rows[key] = RunRow(run.experiment, run.unit, run.model, run.preset)
+        rows[key].jobs.append(run)
+    by_sweep: dict[Path, list[Run]] = {}
+    for run in runs:
+        if run.sweep:
+            by_sweep.setdefault(run.sweep, []).append(run)
+    for row in rows.values():
+        sweep = by_sweep.get(row.where) if row.jobs[0].sweep else None
+        if not sweep:
+            continue
+        values = [_override_values(r) for r in sweep]
+        varied = [k for k in dict.fromkeys(k for v in values for k in v) if len({v.get(k) for v in values}) > 1]
+        for k in varied:
+            if k == "model" and row.model:  # the row's own model, said in its Model cell
+                continue
+            row.swept[k] = list(dict.fromkeys(_override_values(r).get(k, "") for r in row.jobs))
+    return list(rows.values())

@@ -1,6 +1,6 @@
-"""What every rendering (Markdown, HTML, README) says about a claim, a run or a paper.
+"""What every rendering (report.md, report.html, docs/results.md) says about a claim, a run or a paper.
 
-Kept apart from the renderings so that report.md, report.html and the README never disagree on a
+Kept apart from the renderings so that report.md, report.html and docs/results.md never disagree on a
 number's digits, on what counts as passed, or on which runs and figures belong to which paper.
 """
 

@@ -1,4 +1,4 @@
-"""What an architecture adapter says about its decoder block (DESIGN.md, "Architectures").
+"""What an architecture adapter says about its decoder block (docs/design.md, "Context patching: the engine").
 
 The shared engine (`experiments/patching/patcher.py`) needs, per block:
 - where the layers are (`decoder`, `layers_attr`) and which module is the MLP (its input is z);
