@@ -37,6 +37,7 @@ from experiments.goldwaser.layer_errors_plot import plot
 from experiments.patching.variants import VARIANTS
 
 DTYPES = ("float32", "float64")
+DEFAULT_VARIANTS = ("naive", "closed_loop_scale", "closed_loop")  # variants=null: those the block takes
 
 
 # -- config --------------------------------------------------------------------------------------
@@ -61,7 +62,8 @@ def validate(cfg: DictConfig) -> None:
     from experiments.zoo.loading import check_model
 
     dtypes = _names(cfg, "dtypes", DTYPES)
-    variants = _names(cfg, "variants", tuple(VARIANTS))
+    if cfg.get("variants") is not None:
+        _names(cfg, "variants", tuple(VARIANTS))
     require_positive(cfg, "max_new_tokens")
     prompts = cfg.get("prompts")
     if not isinstance(prompts, (list, ListConfig)) or not prompts or not all(str(p).strip() for p in prompts):
@@ -75,27 +77,38 @@ def validate(cfg: DictConfig) -> None:
     device = resolve_device(str(cfg.get("device", "auto")))
     config = check_model(str(cfg.model), max((resolve_dtype(d) for d in dtypes), key=lambda t: t.itemsize), device)
     adapter = adapter_for(config.model_type)
-    for variant in variants:
+    for variant in chosen_variants(cfg, adapter):
         check_variant(adapter, variant)
+
+
+def chosen_variants(cfg: DictConfig, adapter) -> list[str]:
+    """variants=..., or where none are given naive, closed_loop_scale (a post-MLP norm's Thm 10 alone) where the
+    block takes it, and closed_loop."""
+    if cfg.get("variants") is not None:
+        return _names(cfg, "variants", tuple(VARIANTS))
+    return [v for v in DEFAULT_VARIANTS if VARIANTS[v].unsupported(adapter) is None]
 
 
 # -- the run -------------------------------------------------------------------------------------
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     """Per dtype (the model loaded in it), per variant, per prompt and token: `measure_prompt`."""
     from experiments.core.runtime import resolve_dtype
-    from experiments.zoo.loading import load_model, model_label
+    from experiments.patching.arch import adapter_for
+    from experiments.zoo.loading import check_model, load_model, model_label
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
 
     ctx.model = model_label(str(cfg.model))
-    dtypes, variants = _names(cfg, "dtypes", DTYPES), _names(cfg, "variants", tuple(VARIANTS))
+    adapter = adapter_for(check_model(str(cfg.model), resolve_dtype(DTYPES[0]), ctx.device).model_type)
+    dtypes, variants = _names(cfg, "dtypes", DTYPES), chosen_variants(cfg, adapter)
     prompts, n_tokens = [str(p) for p in cfg.prompts], int(cfg.max_new_tokens)
     total = len(dtypes) * len(variants) * len(prompts) * n_tokens
     with progress(total, ctx.experiment) as bar:
         for dtype in dtypes:
             bundle = load_model(str(cfg.model), resolve_dtype(dtype), ctx.device, seed=int(cfg.seed))
             encoded = [encode_prompt(bundle, text, None, bool(cfg.chat_template), ctx.device) for text in prompts]
-            index = dict(model=str(cfg.model), preset=str(cfg.get("preset", "")), dtype=dtype)
+            # the block's output rule decides what the open loop's claims expect (layer_errors_claims.py)
+            index = dict(model=str(cfg.model), preset=str(cfg.get("preset", "")), dtype=dtype, rule=adapter.output_rule)
             original_sensitivity: dict = {}  # the unpatched model's: the same for every variant
             with threads_for(bundle.model):
                 for variant in variants:

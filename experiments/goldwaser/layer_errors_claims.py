@@ -5,6 +5,11 @@ record of the with-context pass (hidden_rel), the unpatched model against the sa
 one variant's patches against another's on the same tokens, float64 against float32, the patched layer
 against the original layer for the same δ, the patched model against the unpatched one.
 
+What the open loop is expected to do depends on the block's output rule, logged as `rule`: Thm 10 (a
+post-MLP norm's scale, Gemma 3, OLMo 2) divides by the MLP's normalized outputs, some near 0 on trained
+weights, and its claims say the patched layers amplify; Thm 9 (a matrix, Llama, Qwen) divides by ‖y‖², the
+norm of the whole MLP hidden vector, and its claims say they amplify no more than the original layers.
+
 The closed loop is a construction (each layer solved for the with-context output): its claims say so
 (`goldwaser.construction.*`), and what they can fail on is the per-layer error against the record (wrong
 targets show there), the distance of its patches from the open loop's, and its one-ulp sensitivity.
@@ -16,6 +21,8 @@ import math
 
 import numpy as np
 import pandas as pd
+
+from experiments.patching.kinds import SCALE
 
 REF = "Goldwaser Alg. 1"
 REF_APPB = "Goldwaser App. B / Thm 10"
@@ -146,7 +153,12 @@ def check_claims(ctx, m: pd.DataFrame) -> None:
                       f"({where}, {dtype})", sensitivity_ratio(m, dtype, "closed_loop_scale"), ">=",
                       SENSITIVITY_DECADES)
     if "naive" in variants:
+        rule = str(m["rule"].dropna().iloc[0]) if "rule" in m and m["rule"].notna().any() else SCALE
         _open_loop_claims(ctx, m, dtypes, where, n_layers)
+        if rule == SCALE:
+            _scale_rule_amplifies(ctx, m, dtypes, where, n_layers)
+        else:
+            _matrix_rule_does_not(ctx, m, dtypes, where, rule)
 
 
 def _closed_loop_claims(ctx, m, dtype: str, where: str) -> None:
@@ -184,19 +196,37 @@ def _open_loop_claims(ctx, m, dtypes: list[str], where: str, n_layers: int) -> N
                   f"geometric mean before saturation, median over tokens) at most the factor that keeps float32 "
                   f"rounding under 1 % after all {n_layers} layers ({where})",
                   median_growth(m, "float64"), "<=", budget)
+
+
+def _scale_rule_amplifies(ctx, m, dtypes: list[str], where: str, n_layers: int) -> None:
+    """Thm 10's Δm = r ⊘ h divides by MLP outputs near 0: the open loop's error is amplified layer to layer."""
     if "float64" in dtypes and n_layers > 1:
-        ctx.check("goldwaser.alg1.naive_float64_amplifies_beyond_accumulation", REF,
+        ctx.check("goldwaser.alg1.naive_float64_amplifies_beyond_accumulation", REF + ", Thm 10",
                   f"in float64 the open loop's error is amplified, not just accumulated: decades by which it grows "
                   f"beyond the sum of every layer's own rounding before saturation, log10(e_k / ((k + 1) e_0)), "
                   f"median over tokens ({where})", median_beyond_accumulation(m, "float64"), ">=", AMPLIFIED,
                   measure="log10(e_k / ((k+1) e_0))")
     if set(dtypes) == {"float32", "float64"}:
-        ctx.check("goldwaser.alg1.naive_growth_same_in_float64_and_float32", REF,
+        ctx.check("goldwaser.alg1.naive_growth_same_in_float64_and_float32", REF + ", Thm 10",
                   f"with the claim above, the amplification is the algorithm's, not rounding's: |log10| of the ratio "
                   f"of the open loop's error growth per layer in float64 to float32 ({where})",
                   abs(math.log10(median_growth(m, "float64") / median_growth(m, "float32"))), "<=", SAME_GROWTH)
     dtype = dtypes[-1]  # the gains agree across dtypes; the most precise one measures them best
-    ctx.check(f"goldwaser.alg1.naive_{dtype}_patched_layers_amplify", REF,
+    ctx.check(f"goldwaser.alg1.naive_{dtype}_patched_layers_amplify", REF + ", Thm 10",
               f"the open loop's patched layers amplify an input change more than the original layers: the worst "
               f"layer's log10 of the median gain ratio, same x and δ ({where}, {dtype})",
               largest_layer_gain(m, dtype, "naive"), ">=", AMPLIFY)
+
+
+def _matrix_rule_does_not(ctx, m, dtypes: list[str], where: str, rule: str) -> None:
+    """Thm 9 (or a bias, Thm 8) divides by no MLP output: the open loop's error stays at rounding level."""
+    if "float64" in dtypes:
+        ctx.check("goldwaser.alg1.naive_float64_not_amplified", f"{REF}, {rule}",
+                  f"in float64 the open loop's error is not amplified: decades by which it grows beyond the sum of "
+                  f"every layer's own rounding, log10(e_k / ((k + 1) e_0)), median over tokens ({where})",
+                  median_beyond_accumulation(m, "float64"), "<=", AMPLIFIED, measure="log10(e_k / ((k+1) e_0))")
+    dtype = dtypes[-1]
+    ctx.check(f"goldwaser.alg1.naive_{dtype}_layers_amplify_as_original", f"{REF}, {rule}",
+              f"the open loop's patched layers amplify an input change like the original ones: the worst layer's "
+              f"|log10| of the median gain ratio, same x and δ ({where}, {dtype})",
+              worst_layer_gain(m, dtype, "naive"), "<=", AMPLIFY)

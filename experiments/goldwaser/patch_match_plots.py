@@ -38,8 +38,16 @@ def _series(m: pd.DataFrame) -> pd.Series:
 
 
 def _ordered(series: pd.Series) -> list[str]:
-    """The series labels, the paper's open loop first, constructions after."""
-    return sorted(series.unique(), key=lambda s: ("(construction)" in s, s))
+    """The series labels, the paper's open loop first and constructions after; within each, by model and
+    dtype, then the variants in the registry's order (Algorithm 1, App. B, conditioned, ...)."""
+    order = list(VARIANTS)
+
+    def key(label: str):
+        words = label.replace(" (construction)", "").split(":")[0].split()
+        rank = order.index(words[-1]) if words and words[-1] in order else len(order)
+        return "(construction)" in label, " ".join(words[:-1]), rank, label
+
+    return sorted(series.unique(), key=key)
 
 
 def _per_token(m: pd.DataFrame) -> pd.DataFrame:

@@ -98,8 +98,9 @@ class LayerErrors:
     model: str = "gemma-3-270m"
     # this experiment's own dtypes (the model is loaded once in each; dtype= is not used); validate names the choices
     dtypes: list[str] = default(["float32", "float64"])
-    # naive | stable | closed_loop_scale | closed_loop (validate names the choices)
-    variants: list[str] = default(["naive", "closed_loop_scale", "closed_loop"])
+    # naive | stable | conditioned | closed_loop_scale | closed_loop (validate names the choices); null: naive,
+    # closed_loop_scale where the block has a post-MLP norm, closed_loop
+    variants: list[str] | None = None
     prompts: list[str] = default([
         "List three reasons why octopuses are considered intelligent animals.",
         MARS_PROMPT,

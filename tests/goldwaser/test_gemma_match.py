@@ -98,27 +98,26 @@ def test_bad_variant_is_one_line_and_leaves_no_run_folder(tmp_path):
     assert "Traceback" not in res.stderr and not run_dir.exists()
 
 
-def test_unloadable_hub_id_names_the_fixes_fast_and_leaves_no_run_folder(tmp_path):
-    import time
+def test_unloadable_hub_id_names_the_fixes_and_leaves_no_run_folder(tmp_path, monkeypatch):
+    """One line with the fixes, no run folder, and the hub asked once (its probe, no retry loop): counted, not
+    timed, so the test holds on a slow machine."""
+    from experiments.zoo import loading
+    from tests.in_process import refusal
 
-    run_dir = tmp_path / "run"
-    t0 = time.perf_counter()
-    res = _cli("run", "gemma_match", "model=google/gemma-3-1b-it", "max_new_tokens=1", f"hydra.run.dir={run_dir}")
-    assert res.returncode == 2
-    err = res.stderr.strip().splitlines()
-    assert len(err) == 1, res.stderr  # one line: no transformers warnings, no traceback
-    assert "cannot load model 'google/gemma-3-1b-it'" in err[0]
-    assert "hf auth login" in err[0] and "local checkpoint folder" in err[0] and "tiny-gemma3" in err[0]
-    assert not run_dir.exists()  # refused before the run folder
-    assert time.perf_counter() - t0 < 60  # no retry loop (a fresh interpreter importing torch included)
+    probes = []
+    monkeypatch.setattr(loading, "hub_reachable", lambda timeout=3.0: probes.append(timeout) or False)
+    line = refusal("gemma_match", tmp_path / "run", "model=google/gemma-3-1b-it")
+    assert "cannot load model 'google/gemma-3-1b-it'" in line
+    assert "hf auth login" in line and "local checkpoint folder" in line and "tiny-gemma3" in line
+    assert len(probes) <= 1
 
 
 def test_image_with_a_text_only_model_and_stable_on_llama_fail_before_the_run_folder(tmp_path):
-    res = _cli("run", "gemma_match", "model=tiny-gemma3", "image=synthetic", f"hydra.run.dir={tmp_path / 'a'}")
-    assert res.returncode == 2 and "needs a multimodal Gemma 3" in res.stderr and not (tmp_path / "a").exists()
-    res = _cli("run", "patch_match", "preset=smoke", "variant=stable", f"hydra.run.dir={tmp_path / 'b'}")
-    assert res.returncode == 2 and "needs a post-MLP norm, which Llama does not have" in res.stderr
-    assert not (tmp_path / "b").exists()
+    from tests.in_process import refusal
+
+    assert "needs a multimodal Gemma 3" in refusal("gemma_match", tmp_path / "a", "image=synthetic")
+    assert "needs a post-MLP norm, which Llama does not have" in refusal("patch_match", tmp_path / "b",
+                                                                         "variant=stable")
 
 
 def test_a_model_too_large_for_the_memory_is_one_line(monkeypatch):

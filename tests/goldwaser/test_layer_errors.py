@@ -309,3 +309,27 @@ def test_real_gemma_float64_closed_loop_exact_and_open_loop_error_grows():
     assert len(closed) == 18 and closed.max() <= 1e-12
     assert naive[-1] > 1e6 * naive[0] and naive[-1] > 1e-3
     assert median_growth(m, "float64") > 3.0  # the finding: ~10x a layer before saturation
+
+
+def test_a_matrix_output_rule_expects_no_amplification_and_fails_on_it(smoke_run, tmp_path):
+    """Thm 9 divides by ‖y‖², not by MLP outputs: on a Llama-style block (Qwen) the open loop's claims say its
+    error is not amplified; a table where it is (the 270M's kind of growth) fails them."""
+    m = pd.read_csv(smoke_run / "metrics.csv").assign(rule="outer_weight")
+    flat = _set(m, "hidden_rel", "naive", lambda layer: 1e-15 * (1 + 0.1 * layer), "float64")
+    c = _claims(flat, tmp_path)
+    assert "goldwaser.alg1.naive_float64_amplifies_beyond_accumulation" not in c.index
+    assert c.loc["goldwaser.alg1.naive_float64_not_amplified", "passed"]
+    steep = _set(m, "hidden_rel", "naive", lambda layer: 1e-15 * 100.0 ** layer, "float64")
+    assert not _claims(steep, tmp_path).loc["goldwaser.alg1.naive_float64_not_amplified", "passed"]
+
+
+def test_default_variants_are_those_the_block_takes():
+    from omegaconf import OmegaConf
+
+    from experiments.goldwaser.layer_errors import chosen_variants
+    from experiments.patching.arch import adapter_for
+
+    unset = OmegaConf.create({"variants": None})
+    assert chosen_variants(unset, adapter_for("gemma3_text")) == ["naive", "closed_loop_scale", "closed_loop"]
+    assert chosen_variants(unset, adapter_for("qwen2")) == ["naive", "closed_loop"]
+    assert chosen_variants(OmegaConf.create({"variants": ["naive"]}), adapter_for("qwen2")) == ["naive"]

@@ -64,20 +64,26 @@ def test_export_round_trip_through_stock_transformers(tmp_path, model, variant):
     assert {k.split(".", 3)[-1] for k in changed} == PATCHED[(model, variant)]
 
 
+def _export_refusal(*args: str) -> str:
+    """`icl-exp patch export ARGS` in this process (no interpreter to start per case): its one error line."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["patch", "export", *args])
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr
+
+
 def test_export_errors_are_one_line_and_leave_nothing(tmp_path):
-    res = _cli("export", "model=tiny-gemma3", f"out={tmp_path / 'x'}", "variant=weird")
-    assert res.returncode == 2 and "variant='weird'" in res.stderr
-    res = _cli("export", "model=tiny-gemma3", f"out={tmp_path / 'x'}", "colour=red")
-    assert res.returncode == 2 and "unknown config key 'colour'" in res.stderr
-    res = _cli("export", "model=tiny-llama", f"out={tmp_path / 'x'}", "variant=stable")
-    assert res.returncode == 2 and "needs a post-MLP norm" in res.stderr
-    res = _cli("export", "model=google/gemma-3-1b-it", f"out={tmp_path / 'y'}")
-    assert res.returncode == 2 and "cannot load model" in res.stderr and "Traceback" not in res.stderr
+    assert "variant='weird'" in _export_refusal("model=tiny-gemma3", f"out={tmp_path / 'x'}", "variant=weird")
+    assert "unknown config key 'colour'" in _export_refusal("model=tiny-gemma3", f"out={tmp_path / 'x'}", "colour=red")
+    assert "needs a post-MLP norm" in _export_refusal("model=tiny-llama", f"out={tmp_path / 'x'}", "variant=stable")
+    assert "cannot load model" in _export_refusal("model=google/gemma-3-1b-it", f"out={tmp_path / 'y'}")
     folder = tmp_path / "no_config"
     folder.mkdir()
-    res = _cli("export", f"model={folder}", f"out={tmp_path / 'z'}")
-    assert res.returncode == 2 and "without config.json" in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1
+    assert "without config.json" in _export_refusal(f"model={folder}", f"out={tmp_path / 'z'}")
     assert not any((tmp_path / d).exists() for d in ("x", "y", "z"))
 
 
