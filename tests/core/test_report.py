@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -318,3 +319,21 @@ def test_construction_claims_are_shown_apart_after_the_evidence(tmp_path):
     assert evidence < note < built
     html = render_html(report)
     assert html.index("naive_float32_top1_match") < html.index("Construction:") < html.index("closed_loop_float32")
+
+
+def test_the_docs_figures_are_copied_from_the_shown_runs(tmp_path):
+    """--results-md redraws the README's figures too: each DOC_FIGURES file of the shown run (a sweep's combined
+    one) into figures/ beside the page; an experiment without such a figure is skipped."""
+    from experiments.core.report.results_page import DOC_FIGURES
+
+    root = tmp_path / "results"
+    run = make_run(root / "linreg_icl" / "a", "linreg_icl", "2026-01-01T00:00:00",
+                   [claim("dherin.fig2.patch_equals_context", 0.1, True)], figure=True)
+    shutil.copyfile(run / "figures" / "fig.png", run / "figures" / DOC_FIGURES["linreg_icl"][0])
+    page = tmp_path / "docs" / "results.md"
+    proc = run_cli("report", str(root), "--results-md", str(page))
+    assert proc.returncode == 0, proc.stderr
+    copied = page.parent / "figures" / DOC_FIGURES["linreg_icl"][1]
+    assert copied.read_bytes() == (run / "figures" / "fig.png").read_bytes()
+    assert [p.name for p in copied.parent.iterdir()] == [copied.name]  # gpt_wq etc. drew none here
+    assert f"figure: {copied}" in proc.stdout

@@ -27,6 +27,14 @@ from experiments.core.report.text import (
 )
 
 CLAIMS_HEADER = ["Experiment", "Claim", "Ref", "Paper", "Measured", "Tolerance", "Result", "Preset", "Model"]
+# The figures the README and the paper pages show, redrawn with the page: experiment -> (the figure its
+# shown run drew (a sweep's combined one), the name it gets in docs/figures/)
+DOC_FIGURES = {
+    "gemma_match": ("fig4_summary.png", "goldwaser_gemma270m_sweep.png"),
+    "layer_errors": ("fig_layer_errors.png", "goldwaser_layer_errors.png"),
+    "linreg_icl": ("fig2_linreg_icl.png", "dherin_fig2.png"),
+    "gpt_wq": ("fig1_val_loss.png", "karbevski_gpt_wq.png"),
+}
 
 
 def _provenance(report: Report) -> str:
@@ -103,3 +111,22 @@ def write_results_page(path: Path, report: Report, command: str) -> Path:
     check_page_path(path)
     write_text_atomic(Path(path), render_results_page(report, command))
     return Path(path)
+
+
+def copy_doc_figures(report: Report, folder: Path) -> list[Path]:
+    """The shown runs' DOC_FIGURES copied into `folder` (docs/figures beside docs/results.md), each atomically;
+    an experiment not shown, or whose run drew no such figure, is skipped. Returns the files written."""
+    import shutil
+
+    from experiments.core.atomic import write_atomic
+    from experiments.core.results import FIGURES_DIR
+
+    shown = {run.experiment: run.unit for run in report.runs}
+    written = []
+    for experiment, (drawn, name) in DOC_FIGURES.items():
+        source = shown[experiment] / FIGURES_DIR / drawn if experiment in shown else None
+        if source is not None and source.is_file():
+            target = Path(folder) / name
+            write_atomic(target, lambda tmp, source=source: shutil.copyfile(source, tmp))
+            written.append(target)
+    return written
