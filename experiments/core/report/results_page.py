@@ -115,13 +115,20 @@ def write_results_page(path: Path, report: Report, command: str) -> Path:
 
 def copy_doc_figures(report: Report, folder: Path) -> list[Path]:
     """The shown runs' DOC_FIGURES copied into `folder` (docs/figures beside docs/results.md), each atomically;
-    an experiment not shown, or whose run drew no such figure, is skipped. Returns the files written."""
+    an experiment not shown, or whose run drew no such figure, is skipped. Where several runs of an experiment
+    are shown (--all), the largest sweep's figure is taken. Returns the files written."""
     import shutil
 
     from experiments.core.atomic import write_atomic
     from experiments.core.results import FIGURES_DIR
 
-    shown = {run.experiment: run.unit for run in report.runs}
+    # per experiment the unit with the most jobs (with --all: the dtype x variant sweep over a single run), newest
+    jobs: dict[Path, int] = {}
+    for run in report.runs:
+        jobs[run.unit] = jobs.get(run.unit, 0) + 1
+    shown: dict[str, Path] = {}
+    for run in sorted(report.runs, key=lambda r: (jobs[r.unit], r.start)):
+        shown[run.experiment] = run.unit
     written = []
     for experiment, (drawn, name) in DOC_FIGURES.items():
         source = shown[experiment] / FIGURES_DIR / drawn if experiment in shown else None
