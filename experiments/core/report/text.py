@@ -120,11 +120,13 @@ def _paper_titles() -> dict[str, str]:
 
 
 def figures_of(name: str) -> str:
-    """The paper's figures an experiment reproduces ("Fig. 2"), or nothing for an unregistered one."""
+    """The paper's figures an experiment reproduces ("Fig. 2"), or nothing for an unregistered one; a note the
+    registry writes in parentheses ("(checkpoint)") without them, since the headings add their own."""
     try:
-        return registry.get(name).figures
+        figures = registry.get(name).figures
     except Exception:
         return ""
+    return figures[1:-1] if figures.startswith("(") and figures.endswith(")") else figures
 
 
 def runs_of(report: Report, package: str) -> list[Run]:
