@@ -32,6 +32,7 @@ CLAIMS_HEADER = ["Experiment", "Claim", "Ref", "Paper", "Measured", "Tolerance",
 DOC_FIGURES = {
     "gemma_match": ("fig4_summary.png", "goldwaser_gemma270m_sweep.png"),
     "layer_errors": ("fig_layer_errors.png", "goldwaser_layer_errors.png"),
+    "patch_match": ("table1_architectures.png", "goldwaser_table1.png"),
     "linreg_icl": ("fig2_linreg_icl.png", "dherin_fig2.png"),
     "gpt_wq": ("fig1_val_loss.png", "karbevski_gpt_wq.png"),
 }
