@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from experiments.core.config_schema import GROUP, experiment_schema
+from experiments.goldwaser.system_compile.schema import SystemCompileConfig  # its own module
 
 
 class PatchVariant(StrEnum):
@@ -85,7 +86,8 @@ LayerErrorsConfig = experiment_schema(LayerErrors)
 ContextCompileConfig = experiment_schema(ContextCompile)
 
 SCHEMAS = {"patch_match": PatchMatchConfig, "gemma_match": PatchMatchConfig, "patch_export": PatchExportConfig,
-           "layer_errors": LayerErrorsConfig, "context_compile": ContextCompileConfig}
+           "layer_errors": LayerErrorsConfig, "context_compile": ContextCompileConfig,
+           "system_compile": SystemCompileConfig}
 
 
 def register(store) -> None:
