@@ -118,7 +118,7 @@ def _local_wheel_available(env: SharedEnv, requirement: str) -> bool:
                            requirement], capture_output=True).returncode == 0
 
 
-def install(session: nox.Session, extras: str = "test,joblib,gemma") -> SharedEnv:
+def install(session: nox.Session, extras: str = "test,joblib,gemma,qwen") -> SharedEnv:
     env = SharedEnv(session)
     env.create()
     install_torch(env)

@@ -193,6 +193,15 @@ def _check_launcher(parsed: list[Override]) -> None:
                                 f"pip install -e '.[{extra}]' (installs {package})")
 
 
+def _check_parallel_gpus(configs: list[DictConfig]) -> None:
+    """hydra/launcher=parallel runs CUDA jobs one per GPU: an n_jobs it cannot honour, or the launcher under
+    torchrun, is said here, before any job starts (experiments/core/parallel_launcher.py plans the same)."""
+    if configs and "icl_exp_parallel" in str(OmegaConf.select(configs[0], "hydra.launcher._target_", default="")):
+        from experiments.core.parallel_launcher import check_sweep
+
+        check_sweep(configs)
+
+
 def _check_model_name(cfg: DictConfig) -> None:
     """`model=tiny-lama`: not a folder here, and so close to an offline model's name that it is a typo,
     not a hub id (which would be tried on the hub, a 3 s probe offline, and fail there)."""
@@ -259,6 +268,7 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
         _check_model_name(cfg)
         if exp.validate is not None:
             exp.validate(cfg)
+    _check_parallel_gpus(configs)
     cfg = configs[-1] if configs else reference()
     GlobalHydra.instance().clear()
     return cfg

@@ -68,8 +68,8 @@ def compile_(ctx: typer.Context) -> None:
 
     Without method=: PROMPT's own reply (context_compile): one change per layer fitted at the first K positions
     of the model's reply. Keys (Hydra overrides of conf/experiment/context_compile.yaml):
-    model=ID|PATH|gemma-3-270m|tiny-llama|... prompt=TEXT [k=16] [heldout=32] [sweep=[] (more k to measure)]
-    [per_token=false] [dtype=float32] [out=DIR: a new or empty folder].
+    model=ID|PATH|gemma-3-270m|qwen2.5-0.5b|tiny-llama|... prompt=TEXT [k=16] [heldout=32]
+    [sweep=[] (more k to measure)] [per_token=false] [dtype=float32] [out=DIR: a new or empty folder].
 
     With method=analytic|bake: a SYSTEM prompt for queries it never saw (system_compile): the analytic fixed patch
     or a baked LoRA (merged), fitted on the fit queries and measured on the held-out ones. Keys (system_compile's,

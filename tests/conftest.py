@@ -85,3 +85,35 @@ def smoke_runs(tmp_path_factory):
 def smoke_run(request, smoke_runs) -> Path:
     """The shared smoke run of the experiment a test module names in its EXPERIMENT constant."""
     return smoke_runs(request.module.EXPERIMENT)
+
+
+# -- the registry's trained models ---------------------------------------------------------------------
+def require_bundled(name: str) -> None:
+    """Skip, in one line naming the extra, when the chunk packages of the bundled model `name` are not
+    installed, except in CI (CI=true), where `nox -s tests` installs them and a skip would hide a broken set-up."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from experiments.zoo.bundled_gguf import BUNDLED
+
+    model = BUNDLED[name]
+    try:
+        for dist, _ in model.chunks:
+            distribution(dist)
+    except PackageNotFoundError:
+        why = f"model={name} needs its chunk packages: {model.install_hint}"
+        if os.environ.get("CI", "").lower() in ("1", "true"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def qwen32():
+    """The real Qwen2.5-Coder-0.5B-Instruct in float32 (model=qwen2.5-0.5b), loaded once for the session: its
+    conversion is cached on disk (the first run on a machine joins the chunks and converts, about 2 min on 2
+    cores), its load takes seconds. Tests must leave its weights as they found them."""
+    import torch
+
+    from experiments.zoo.loading import load_model
+
+    require_bundled("qwen2.5-0.5b")
+    return load_model("qwen2.5-0.5b", torch.float32)

@@ -28,6 +28,7 @@ from experiments.core.runtime import (
     resolve_device,
     resolve_dtype,
     seed_everything,
+    use_device,
 )
 from experiments.core.summary import claim_line, run_summary
 
@@ -111,7 +112,7 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     ctx = RunContext(run_dir=run_dir, experiment=name, run_id=run_id)
     progress.reset()
     try:
-        ctx.device = resolve_device(cfg.get("device", "auto"))
+        ctx.device = use_device(resolve_device(cfg.get("device", "auto")))  # cuda -> cuda:K, K current
         ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
         if cfg.get("threads"):
             torch.set_num_threads(int(cfg.threads))

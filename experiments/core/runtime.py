@@ -42,7 +42,15 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise UserError(f"device={name} was asked for but CUDA is not available here; use device=cpu")
-        return torch.device(name)
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise UserError(f"device={name!r} is not a device: cuda, or cuda:N for GPU N") from None
+        gpus = torch.cuda.device_count()  # counts without initialising CUDA (the CLI checks in its own process)
+        if device.index is not None and device.index >= gpus:
+            have = "is 1 GPU here (cuda:0)" if gpus == 1 else f"are {gpus} GPUs here (cuda:0 to cuda:{gpus - 1})"
+            raise UserError(f"device={name}: there {have}")
+        return device
     if name == "cpu":
         return torch.device("cpu")
     raise UserError(f"device={name!r} is not one of {', '.join(DEVICES)}")
@@ -56,9 +64,23 @@ def launched_elsewhere(cfg) -> bool:
     return str(choices.get("hydra/launcher", "")) == "slurm"
 
 
+def use_device(device: torch.device) -> torch.device:
+    """The run's device with its GPU explicit and current: `cuda` becomes cuda:K, K the current GPU (the one
+    hydra/launcher=parallel set for this job, experiments/core/parallel_launcher.py), and cuda:K becomes the
+    current GPU, so code that says just `cuda` (a new tensor, a memory query) lands on the run's GPU too, and
+    run.json names it. Initialises CUDA: called by the run, never by the CLI's checks."""
+    if device.type != "cuda":
+        return device
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    return device
+
+
 def describe_device(device: torch.device) -> str:
+    """`cpu`, or `cuda:K (its name)`: which GPU the run took."""
     if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
+        return f"{device} ({torch.cuda.get_device_name(device)})"
     return "cpu"
 
 

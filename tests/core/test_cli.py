@@ -156,7 +156,9 @@ def test_launcher_configs_compose():
 
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="hydra-joblib-launcher (the joblib extra)")
     cfg = validate("linreg_icl", ["preset=smoke", "hydra/launcher=parallel"])
-    assert "JoblibLauncher" in cfg.hydra.launcher._target_ and cfg.hydra.launcher.n_jobs == 2
+    # the project's joblib launcher (one job per GPU for CUDA jobs); n_jobs null: from the jobs
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("icl_exp_parallel.ParallelLauncher") and launcher.n_jobs is None
     try:
         import hydra_plugins.hydra_submitit_launcher  # noqa: F401
     except ImportError:
