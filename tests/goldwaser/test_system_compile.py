@@ -83,7 +83,9 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     from experiments.zoo.loading import load_model
 
     out = tmp_path / method
-    res = run_cli("patch", "compile", f"method={method}", *SYSTEM, *TINY, f"out={out}")
+    # the analytic one fitted on sampled continuations (two a fit query), truncated to rank 3 and regularized
+    extra = ("continuations=sample", "samples=2", "analytic_rank=3", "ridge=0.1") if method == "analytic" else ()
+    res = run_cli("patch", "compile", f"method={method}", *SYSTEM, *TINY, *extra, f"out={out}")
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
     printed = res.stdout + res.stderr
@@ -106,7 +108,8 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
             assert out_ids == q["generation_ids"][:len(out_ids)]  # a stop token may end stock's sooner
     assert kls == pytest.approx([q["kl"] for q in info["queries"]], rel=1e-5)
     assert sum(kls) / len(kls) == pytest.approx(info["heldout"]["kl"], rel=1e-5)
-    assert info["control"]["kl"] > 0 and info["rank"] >= 1 and info["params_changed"] > 0
+    assert info["control"]["kl"] > 0 and info["rank"] == (3 if method == "analytic" else 2)
+    assert info["params_changed"] > 0
     claims = pd.read_csv(out / "claims.csv").set_index("id")
     assert bool(claims.loc["system_compile.checkpoint.reproduced", "passed"])
     assert bool(claims.loc["system_compile.checkpoint.same_generations", "passed"])
@@ -122,6 +125,7 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     ("steps=0", "steps=0 must be a positive integer"),
     ("steps=-3", "steps=-3 must be a positive integer"),
     ("analytic_rank=0", "analytic_rank=0 must be a positive integer"),
+    ("ridge=-1", "ridge=-1.0 must be 0"),
     ("steps=2.5", "steps=2.5 is ill-typed: expected an integer"),
     ("prompts=[{name: a, text: hi, check: loud}]", "check='loud' is not a behaviour check"),
     ("system=Be brief.", "system= needs check="),

@@ -15,7 +15,9 @@ Closed loop over all the sequences at once: they run as one right-padded batch (
 needed: a causal model's real positions never see the padding after them), and each hook reads only the
 rows of the aligned positions. So layer l + 1 is fitted to what the already patched layers ≤ l produce.
 `rank` truncates each fitted matrix to its best rank-r approximation (SVD) before the next layer is fitted,
-for a budget like a rank-r LoRA's. The model's parameters are changed in place; `FixedPatch.restore` puts
+for a budget like a rank-r LoRA's. `ridge` > 0 replaces the matrices' pseudo-inverse by Tikhonov's
+regularized inverse (`ridge_ls`): the fit no longer interpolates the fit rows, and moves less in the directions
+those rows barely span. The model's parameters are changed in place; `FixedPatch.restore` puts
 them back.
 """
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from experiments.patching.arch.base import CONV1D, BlockAdapter
+from experiments.patching.arch.base import CONV1D, OUTER_WEIGHT, BlockAdapter
 from experiments.patching.fixed_patch import FixedPatch, LayerFit, Targets, capture_targets
 from experiments.patching.lemmas_ls import input_update_ls, relative_residual
 from experiments.patching.rules.base import as_rows, module_input
@@ -48,6 +50,16 @@ def truncate(delta: Tensor, rank: int | None) -> Tensor:
         return delta
     U, S, Vh = torch.linalg.svd(delta, full_matrices=False)
     return (U[..., :rank] * S[..., None, :rank]) @ Vh[..., :rank, :]
+
+
+def ridge_ls(B: Tensor, X: Tensor, ridge: float) -> Tensor:
+    """Δ with Δ Xᵀ ≈ B, for B (..., out, N) and rows X (N, n): B (X Xᵀ + λ I)⁻¹ X, λ = ridge · mean_i ‖x_i‖²
+    (scale-free); at ridge = 0 the least-squares lemma's B (Xᵀ)⁺."""
+    if ridge == 0:
+        return B @ torch.linalg.pinv(X.T)
+    lam = ridge * float(X.square().sum(-1).mean())
+    gram = X @ X.T + lam * torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
+    return B @ torch.linalg.solve(gram, X)
 
 
 def _write(P: Tensor, delta: Tensor) -> None:
@@ -83,15 +95,17 @@ class RowPicker:
         return tuple(self.tensor(a) for a in args), {k: self.tensor(v) for k, v in kwargs.items()}
 
 
-def _input_side(layer: nn.Module, adapter: BlockAdapter, Z: Tensor, Z_c: Tensor, rank: int | None) -> float:
-    """ΔW = W (Z_C − Z)ᵀ (Zᵀ)⁺ for every matrix reading z (truncated to `rank`); the worst relative miss
-    max_i |W′ z_i − W z_C,i| / max |W z_C,i| after rounding."""
+def _input_side(layer: nn.Module, adapter: BlockAdapter, Z: Tensor, Z_c: Tensor, rank: int | None,
+                ridge: float) -> float:
+    """ΔW = W (Z_C − Z)ᵀ (Zᵀ)⁺ for every matrix reading z (ridge: regularized; truncated to `rank`); the
+    worst relative miss max_i |W′ z_i − W z_C,i| / max |W z_C,i| after rounding."""
     worst = 0.0
     for name, layout in adapter.input_matrices.items():
         P = layer.get_parameter(name)
         W = P.detach().double().clone()
         eff = W.T if layout == CONV1D else W  # Conv1D stores (in, out)
-        delta = truncate(input_update_ls(eff, Z_c, Z), rank)
+        delta = input_update_ls(eff, Z_c, Z) if ridge == 0 else ridge_ls(eff @ (Z_c - Z).T, Z, ridge)
+        delta = truncate(delta, rank)
         _write(P, delta.T if layout == CONV1D else delta)
         new = P.detach().double()
         new_eff = new.T if layout == CONV1D else new
@@ -131,7 +145,7 @@ def plain_batch(sequences: list[FitSequence], pad_id: int, device) -> tuple[Tens
 
 @torch.no_grad()
 def fit_patch(model: nn.Module, adapter: BlockAdapter, sequences: list[FitSequence], targets: Targets,
-              pad_id: int, rank: int | None = None) -> FixedPatch:
+              pad_id: int, rank: int | None = None, ridge: float = 0.0) -> FixedPatch:
     """Fit the fixed patch at every aligned position of `sequences` (module docstring), closed loop, in one
     forward of their batch. The model's parameters are changed in place (restore with `.restore(model)`)."""
     layers = adapter.layers(model)
@@ -159,14 +173,17 @@ def fit_patch(model: nn.Module, adapter: BlockAdapter, sequences: list[FitSequen
         def fit_inputs(_m, a, kw, index=index, layer=layer, seen=seen):
             Z = pick(module_input(a, kw))
             seen["rank"] = int(torch.linalg.matrix_rank(Z))
-            seen["input_rel"] = _input_side(layer, adapter, Z, targets.z[index], rank)
+            seen["input_rel"] = _input_side(layer, adapter, Z, targets.z[index], rank, ridge)
 
         def fit_output(module, a, kw, index=index, layer=layer, seen=seen):
             P = layer.get_parameter(adapter.output_param)
             G = pick(_first(module.forward(*a, **kw)))  # .forward: no hooks
             R = targets.out[index] - seen["v"] - G
             sub_a, sub_kw = pick.args(a, kw)
-            delta, _ = adapter.rule.fit_positions(adapter, module, P, sub_a, sub_kw, R)
+            if ridge and adapter.output_rule == OUTER_WEIGHT:  # ΔW′ Yᵀ ≈ Rᵀ, regularized
+                delta = ridge_ls(R.T, as_rows(module_input(sub_a, sub_kw)), ridge)
+            else:  # the rule's least squares (a vector rule is overdetermined already)
+                delta, _ = adapter.rule.fit_positions(adapter, module, P, sub_a, sub_kw, R)
             delta = truncate(delta, rank) if delta.dim() >= 2 else delta
             _write(P, delta)
             moved = pick(_first(module.forward(*a, **kw))) - G  # what the written change really moves

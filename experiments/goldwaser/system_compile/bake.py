@@ -5,8 +5,9 @@ next-token distributions along the fit continuations match the prompted model's:
 
 (Bhargava et al.'s Prompt Baking, and prompt/context distillation, minimize this forward KL). The teacher's
 distributions are computed once, before training; the student reads each fit sequence without the system
-prompt. AdamW on the LoRA factors, `batch` sequences a step (gradients accumulated one sequence at a time,
-so memory stays that of one sequence), drawn in a seeded order. Every step's training KL goes to
+prompt. AdamW on the LoRA factors (gradient norm clipped, learning rate decaying linearly to 0), `batch` sequences a
+step (gradients accumulated one sequence at a time, so memory stays that of one sequence), drawn in a seeded
+order. Every step's training KL goes to
 metrics.csv (`bake_kl`), and every `eval_every` steps the held-out KL (`bake_heldout_kl`): the curve.
 
 After training the LoRA is merged into the weights (peft's merge_and_unload): what is measured and saved is
@@ -22,6 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from experiments.core.progress import progress
+
+GRAD_CLIP = 1.0  # the LoRA factors' gradient norm, clipped: one odd continuation must not throw the run off
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ def bake(model: nn.Module, data: list[BakeExample], s: BakeSettings, log: Callab
         wrapped = get_peft_model(model, config)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=s.lr, weight_decay=0.0)
+    # the learning rate decays linearly to 0 over the steps: a short run ends on its smallest steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1.0 - done / s.steps)
     order = torch.Generator().manual_seed(s.seed)
     queue: list[int] = []
     try:
@@ -109,7 +114,9 @@ def bake(model: nn.Module, data: list[BakeExample], s: BakeSettings, log: Callab
                     loss = kl_loss(_student_logits(wrapped, ex), ex.teacher_logp) / min(s.batch, len(data))
                     loss.backward()
                     total += loss.item()
+                torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP)
                 optimizer.step()
+                schedule.step()
                 log("bake_kl", total, step=step)
                 if heldout_kl is not None and s.eval_every and (step % s.eval_every == 0 or step == s.steps):
                     with torch.no_grad():

@@ -121,6 +121,8 @@ def validate(cfg: DictConfig) -> None:
     _positive(cfg, "max_new_tokens", "rank", "steps", "batch", "samples")
     if cfg.analytic_rank is not None:
         _positive(cfg, "analytic_rank")
+    if float(cfg.ridge) < 0:
+        raise UserError(f"ridge={cfg.ridge} must be 0 (the least-squares lemma) or more")
     if int(cfg.eval_every) < 0:
         raise UserError(f"eval_every={cfg.eval_every} must be 0 (at the end only) or more")
     for key in ("lr", "alpha", "temperature", "kl_ratio"):

@@ -68,7 +68,7 @@ def compile_analytic(cfg: DictConfig, ctx: RunContext, lm, adapter, items: list[
                              (it.ids.shared - 1 + len(it.reply)) if suffix else len(it.reply)) for it in items]
     targets = fit_targets(lm, adapter, sequences, ctx.device)
     rank = None if cfg.analytic_rank is None else int(cfg.analytic_rank)
-    patch = fit_patch(lm, adapter, sequences, targets, pad_id, rank)
+    patch = fit_patch(lm, adapter, sequences, targets, pad_id, rank, float(cfg.ridge))
     for fit in patch.layers:
         ctx.log_many(dict(z_rank=fit.rank, input_rel=fit.input_rel, output_residual=fit.output_residual,
                           r_norm=fit.r_norm), layer=fit.layer, method="analytic", **index)
