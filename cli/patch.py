@@ -7,6 +7,7 @@ The options are Hydra overrides of conf/experiment/patch_export.yaml, composed a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import typer
@@ -106,5 +107,18 @@ def system_compile_overrides(method: str, overrides: list[str]) -> list[str]:
     if not any(a.startswith("system=") for a in overrides):
         fail("patch compile method=... compiles one system prompt: give system=TEXT and "
              "check=french|starts_with:WORD|uppercase|json")
-    rest = [a for a in overrides if not a.startswith("method=")]
+    rest = [hydra_quoted(a) if a.startswith(("system=", "check=")) else a
+            for a in overrides if not a.startswith("method=")]
     return [f"methods=[{method}]", f"save={method}", *rest]
+
+
+def hydra_quoted(override: str) -> str:
+    """KEY=TEXT with TEXT as one quoted Hydra string, so a system prompt may hold quotes, commas, brackets or
+    `${`: backslashes before a quote doubled, the quote escaped, `${` escaped (no interpolation). A value the
+    user quoted already is left alone."""
+    key, text = override.split("=", 1)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return override
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text).replace("${", "\\${")
+    return f"{key}='{text}'"

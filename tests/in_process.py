@@ -15,8 +15,10 @@ def compose(name: str, *overrides: str, preset: str = "smoke") -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from experiments.core.config_schema import register_schemas
     from experiments.core.registry import CONF_DIR
 
+    register_schemas()  # as the CLI does: an experiment's typed keys and the defaults its schema holds
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose("config", [f"experiment={name}", f"preset={preset}", "device=cpu", *overrides])
 

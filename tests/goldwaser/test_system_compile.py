@@ -127,15 +127,16 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     ("analytic_rank=0", "analytic_rank=0 must be a positive integer"),
     ("ridge=-1", "ridge=-1.0 must be 0"),
     ("steps=2.5", "steps=2.5 is ill-typed: expected an integer"),
-    ("prompts=[{name: a, text: hi, check: loud}]", "check='loud' is not a behaviour check"),
+    ("prompts=[{name:a,text:hi,check:loud}]", "check='loud' is not a behaviour check"),
     ("system=Be brief.", "system= needs check="),
     ("lora_targets=[q_lin]", "q_lin names no module of tiny-llama"),
-    ("save=bake methods=[analytic]", "save=bake is not among methods"),
+    (("save=bake", "methods=[analytic]"), "save=bake is not among methods"),
 ])
 def test_bad_input_is_one_line(tmp_path, override, said):
     from tests.in_process import refusal
 
-    assert said in refusal(EXPERIMENT, tmp_path / "run", *override.split(" "))
+    overrides = override if isinstance(override, tuple) else (override,)
+    assert said in refusal(EXPERIMENT, tmp_path / "run", *overrides)
 
 
 def test_a_model_without_a_chat_template_asked_for_a_system_turn(tmp_path):
@@ -237,3 +238,13 @@ def test_analytic_rank_truncates_every_matrix():
     delta = torch.randn(6, 5, dtype=torch.float64) @ torch.randn(5, 7, dtype=torch.float64)
     assert int(torch.linalg.matrix_rank(truncate(delta, 2))) == 2
     assert torch.equal(truncate(delta, None), delta) and torch.equal(truncate(delta, 9), delta)
+
+
+@pytest.mark.parametrize("text", ["Begin every answer with the word 'Ahoy'.", "a\\b \\'q", "x=1, [y] {z}", "end\\",
+                                  'He said "hi"', "Reply in JSON: {\"a\": [1, 2]}"])
+def test_patch_compile_hands_a_system_prompt_to_hydra_unchanged(text):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from cli.patch import hydra_quoted
+
+    assert OverridesParser.create().parse_override(hydra_quoted(f"system={text}")).value() == text
