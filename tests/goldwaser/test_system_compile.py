@@ -30,7 +30,8 @@ def test_smoke_run_measures_every_method_on_both_splits(smoke_run):
             assert set(rows["metric"]) == {"kl", "top1", "behaviour"}, (method, split)
     assert set(m.loc[m["method"] == "reference", "metric"]) >= {"behaviour", "reference_s", "data_s"}
     # the analytic patch at its own fit positions: a construction (least squares, N below the hidden size)
-    fit_kl = per_query[(per_query["method"] == "analytic") & (per_query["split"] == "fit") & (per_query["metric"] == "kl")]
+    analytic = per_query[per_query["method"] == "analytic"]
+    fit_kl = analytic[(analytic["split"] == "fit") & (analytic["metric"] == "kl")]
     assert fit_kl["value"].max() < 1e-8
     budget = m[m["metric"].isin(["rank", "params_factored", "params_changed", "compile_s"])]
     assert set(budget["method"]) == {"analytic", "bake"} and len(budget) == 8
@@ -216,13 +217,15 @@ def test_fit_over_sequences_of_different_lengths_is_exact_at_their_rows():
 
     model = load_model("tiny-llama", torch.float64, seed=1).model
     adapter = adapter_for("llama")
-    seqs = [FitSequence((2, 40, 41, 42, 43, 44, 45), (2, 44, 45), 2), FitSequence((2, 50, 51, 52, 53), (2, 60, 61, 52, 53), 3)]
+    seqs = [FitSequence((2, 40, 41, 42, 43, 44, 45), (2, 44, 45), 2),
+            FitSequence((2, 50, 51, 52, 53), (2, 60, 61, 52, 53), 3)]
     targets = fit_targets(model, adapter, seqs, "cpu")
     control = [layer_outputs(model, adapter, torch.tensor([s.plain]))[1] for s in seqs]
     patch = fit_patch(model, adapter, seqs, targets, pad_id=0)
     try:
         for layer in range(len(targets.out)):
-            got = torch.cat([layer_outputs(model, adapter, torch.tensor([s.plain]))[1][layer][-s.aligned:] for s in seqs])
+            got = torch.cat([layer_outputs(model, adapter, torch.tensor([s.plain]))[1][layer][-s.aligned:]
+                             for s in seqs])
             before = torch.cat([c[layer][-s.aligned:] for c, s in zip(control, seqs, strict=True)])
             want = targets.out[layer]
             assert float((got - want).abs().max() / want.abs().max()) < 1e-10
@@ -248,3 +251,28 @@ def test_patch_compile_hands_a_system_prompt_to_hydra_unchanged(text):
     from cli.patch import hydra_quoted
 
     assert OverridesParser.create().parse_override(hydra_quoted(f"system={text}")).value() == text
+
+
+# -- the real model -------------------------------------------------------------------------------------
+@pytest.mark.slow  # about 2 min on 2 idle cores: Qwen2.5-Coder-0.5B-Instruct, loaded and saved (2.5 GB)
+def test_qwen_ahoy_compiles_analytically_into_a_stock_checkpoint(tmp_path):
+    """The trained model follows "Begin every answer with the word 'Ahoy'."; the analytic patch, fitted on 6
+    queries' 12-token replies, brings the held-out next-token distributions close to the prompted model's
+    (measured: KL 0.047 against the unprompted model's 2.2) and starts held-out answers with Ahoy where the
+    unprompted model never does (measured: 1 of 2), and the reloaded checkpoint gives the run's logits."""
+    from tests.conftest import require_bundled
+
+    require_bundled("qwen2.5-0.5b")
+    out = tmp_path / "ahoy"
+    queries = "queries=[What is a closure?,Why is the sky blue?,What does HTTP stand for?,Explain recursion.," \
+              "What is Git used for?,How do I merge two dictionaries?,What is a hash table?,What is an API?]"
+    res = run_cli("patch", "compile", "method=analytic", *SYSTEM, "model=qwen2.5-0.5b", queries, "heldout=2",
+                  "max_new_tokens=12", f"out={out}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    info = json.loads((out / "compiled.json").read_text())
+    assert info["heldout"]["behaviour"] > info["control"]["behaviour"] == 0.0
+    assert info["heldout"]["kl"] < 0.5 * info["control"]["kl"]
+    assert info["fit"]["kl"] < 1e-8  # the construction, at the fit queries' own positions
+    claims = pd.read_csv(out / "claims.csv").set_index("id")
+    assert claims.loc[["system_compile.checkpoint.reproduced", "system_compile.checkpoint.same_generations"],
+                      "passed"].all()
