@@ -7,6 +7,7 @@ composed and validated exactly as `icl-exp run patch_export ...` (which this is)
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import typer
@@ -67,13 +68,20 @@ def usage_snippet(out: Path) -> list[str]:
 
 @app.command("compile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def compile_(ctx: typer.Context) -> None:
-    """Compile PROMPT into fixed weights: one change per layer fitted at the first K positions of the
-    model's own reply, saved as a stock checkpoint in OUT (`AutoModelForCausalLM.from_pretrained(OUT)`
-    generates without the prompt); prints the agreement measured by reloading OUT, and how to use it.
+    """Compile a prompt into fixed weights and save them as a stock checkpoint in OUT
+    (`AutoModelForCausalLM.from_pretrained(OUT)` runs without the prompt); prints what was measured by
+    reloading OUT, and how to use it.
 
-    Keys (Hydra overrides of context_compile's config: `icl-exp run context_compile --cfg job` prints them all):
-    model=ID|PATH|gemma-3-270m|qwen2.5-0.5b|tiny-llama|... and prompt=TEXT; optional: k=16, heldout=32,
-    per_token=false, dtype=float32, out=DIR (a new or empty folder), sweep=[] (more k to measure).
+    Without method=: PROMPT's own reply (context_compile): one change per layer fitted at the first K positions
+    of the model's reply. Keys (Hydra overrides of context_compile's config: `icl-exp run context_compile --cfg job`
+    prints them all): model=ID|PATH|gemma-3-270m|qwen2.5-0.5b|tiny-llama|... prompt=TEXT; optional: k=16,
+    heldout=32, per_token=false, dtype=float32, out=DIR (a new or empty folder), sweep=[] (more k to measure).
+
+    With method=analytic|bake: a SYSTEM prompt for queries it never saw (system_compile): the analytic fixed patch
+    or a baked LoRA (merged), fitted on the fit queries and measured on the held-out ones. Keys (system_compile's,
+    `icl-exp run system_compile --cfg job`): model=ID|PATH|qwen2.5-0.5b|gemma-3-270m|tiny-llama|...
+    system=TEXT check=french|starts_with:WORD|uppercase|json [queries=[...] heldout=8] [template=chat|prefix]
+    [rank=8 steps=60 (bake)] [analytic_rank=R] [out=DIR: a new or empty folder].
     """
     from cli.launch import launch
     from cli.output import fail
@@ -81,7 +89,41 @@ def compile_(ctx: typer.Context) -> None:
     outs = [a.split("=", 1)[1] for a in ctx.args if a.startswith("out=")]
     if outs and Path(outs[-1]).expanduser().is_dir() and any(Path(outs[-1]).expanduser().iterdir()):
         fail(f"out={outs[-1]} exists and is not empty; nothing was written (give a new or empty folder)")
+    overrides = [f"hydra.run.dir={a.split('=', 1)[1]}" if a.startswith("out=") else a for a in ctx.args]
+    methods = [a.split("=", 1)[1] for a in ctx.args if a.startswith("method=")]
+    if methods:
+        launch("system_compile", system_compile_overrides(methods[-1], overrides), multirun=False)
+        return
     defaults = [d for d in ("sweep=[]", "prompts=[]", "per_token=false")  # one prompt, one k: the artifact
                 if not any(a.startswith(d.split("=")[0] + "=") for a in ctx.args)]
-    overrides = [f"hydra.run.dir={a.split('=', 1)[1]}" if a.startswith("out=") else a for a in ctx.args]
     launch("context_compile", [*defaults, *overrides], multirun=False)
+
+
+SYSTEM_METHODS = ("analytic", "bake")
+
+
+def system_compile_overrides(method: str, overrides: list[str]) -> list[str]:
+    """`patch compile method=M system=TEXT ...` as system_compile's overrides: that one method, its checkpoint
+    kept in the run folder; one line when the method or the system prompt is missing."""
+    from cli.output import fail
+
+    if method not in SYSTEM_METHODS:
+        fail(f"method={method} is not one of {', '.join(SYSTEM_METHODS)}")
+    if not any(a.startswith("system=") for a in overrides):
+        fail("patch compile method=... compiles one system prompt: give system=TEXT and "
+             "check=french|starts_with:WORD|uppercase|json")
+    rest = [hydra_quoted(a) if a.startswith(("system=", "check=")) else a
+            for a in overrides if not a.startswith("method=")]
+    return [f"methods=[{method}]", f"save={method}", *rest]
+
+
+def hydra_quoted(override: str) -> str:
+    """KEY=TEXT with TEXT as one quoted Hydra string, so a system prompt may hold quotes, commas, brackets or
+    `${`: backslashes before a quote doubled, the quote escaped, `${` escaped (no interpolation). A value the
+    user quoted already is left alone."""
+    key, text = override.split("=", 1)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return override
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text).replace("${", "\\${")
+    return f"{key}='{text}'"

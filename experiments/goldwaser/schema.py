@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from experiments.core.config_schema import default, experiment_schema
+from experiments.goldwaser.system_compile.schema import SystemCompileConfig  # its own module
 from experiments.patching.variants import VARIANTS
 
 # experiments/patching/variants.py's VARIANTS, in its order: the registry is the one list of names (torch-free)
@@ -151,4 +152,5 @@ class ContextCompile:
 # this module as <Name>Config).
 SCHEMAS = {"patch_match": experiment_schema(PatchMatch), "gemma_match": experiment_schema(GemmaMatch),
            "patch_export": experiment_schema(PatchExport), "layer_errors": experiment_schema(LayerErrors),
-           "context_compile": experiment_schema(ContextCompile)}
+           "context_compile": experiment_schema(ContextCompile),
+           "system_compile": SystemCompileConfig}

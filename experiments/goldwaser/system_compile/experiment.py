@@ -1,0 +1,215 @@
+"""system_compile — a system prompt compiled once into the weights, applied to user queries it never saw
+(beyond the papers).
+
+Goldwaser et al. (§6) patch every token anew; context_compile fits one fixed patch at the positions of one
+reply. What a user who wants a prompt in the weights asks is a SYSTEM prompt ("Always answer in French.")
+compiled once and then applied to new queries without its tokens. For each system prompt:
+1. The model given the system prompt answers every query greedily (the reference; study.py). The queries
+   are split into fit and held-out ones (the last `heldout=`).
+2. Control: the same model without the prompt, along the same replies and on its own free generations.
+3. Each method puts the prompt into the weights from the fit queries' continuations only:
+   - analytic: Table 1's fixed patch, least squares over every aligned position of every fit sequence,
+     closed loop (analytic.py);
+   - bake: a peft LoRA trained on KL(prompted ‖ unprompted + LoRA) (bake.py), merged into the weights.
+   Each is measured (measure.py) without the system prompt: the next-token KL and top-1 agreement along the
+   prompted model's greedy reply, and the behaviour check (behaviours.py) on its own free generations, on
+   the fit queries (for the analytic patch a construction) and on the held-out ones (the evidence). The
+   compile wall time and the budget (rank, parameters of the factored change, entries changed) go beside.
+4. `save=METHOD` keeps that method's checkpoint of the first system prompt in the run folder (checkpoint.py),
+   reloaded in stock transformers and measured there (`icl-exp patch compile method=... ` does this).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, ListConfig
+
+from experiments.core.errors import UserError
+from experiments.core.registry import Experiment
+from experiments.core.results import RunContext
+
+log = logging.getLogger(__name__)
+GENERATIONS_FILE = "generations.json"  # every method's free generations, per system prompt and split
+STOP_WORDS = ("auto", "true", "false")
+
+
+# -- config ---------------------------------------------------------------------------------------
+def system_prompts(cfg: DictConfig):
+    """The system prompts to compile: `system=` with `check=` when given, else `prompts=`."""
+    from experiments.goldwaser.system_compile.behaviours import check_for
+    from experiments.goldwaser.system_compile.study import Prompt
+
+    if cfg.get("system") is not None:
+        if not str(cfg.system).strip():
+            raise UserError("system= is empty: give the system prompt to compile")
+        if not cfg.get("check"):
+            raise UserError("system= needs check= to measure its effect: french | starts_with:WORD | uppercase | json")
+        prompts = [Prompt("system", str(cfg.system), str(cfg.check))]
+    else:
+        if not cfg.prompts:
+            raise UserError("prompts= is empty: give system prompts [{name: ..., text: ..., check: ...}] or "
+                            "system=TEXT")
+        prompts = [Prompt(str(p.name), str(p.text), str(p.check)) for p in cfg.prompts]
+    for p in prompts:
+        if not p.text.strip():
+            raise UserError(f"system prompt {p.name!r} is empty")
+        check_for(p.check)
+    names = [p.name for p in prompts]
+    if len(set(names)) != len(names):
+        raise UserError(f"system prompt names must differ: {', '.join(names)}")
+    return prompts
+
+
+def _positive(cfg: DictConfig, *keys: str) -> None:
+    for key in keys:
+        value = cfg.get(key)
+        if value is None or int(value) < 1:
+            raise UserError(f"{key}={value} must be a positive integer")
+
+
+def load_tokenizer(name: str):
+    """The model's tokenizer alone (no weights): what the template check needs before any model is loaded."""
+    from experiments.core.errors import first_line
+    from experiments.zoo.loading import OFFLINE_MODELS, hub_reachable, local_checkpoint
+    from experiments.zoo.tokenizer import byte_tokenizer
+
+    if name in OFFLINE_MODELS:
+        return byte_tokenizer()
+    from transformers import AutoTokenizer
+
+    path = local_checkpoint(name)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=Path(path).expanduser().exists()
+                                             or not hub_reachable())
+    except Exception as err:
+        raise UserError(f"cannot load the tokenizer of model={name}: {first_line(err)}") from None
+
+
+def check_lora_targets(config, targets: list[str], model: str) -> None:
+    """Every LoRA target names modules of the model (built on the meta device: nothing allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from experiments.zoo.quiet import quiet_transformers
+
+    with torch.device("meta"), quiet_transformers():
+        names = [n for n, _ in AutoModelForCausalLM.from_config(config).named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = {n.rsplit(".", 1)[-1] for n in names}
+        linear = sorted(x for x in leaves if x.endswith(("proj", "fc", "c_attn")))
+        raise UserError(f"lora_targets={list(targets)}: {', '.join(missing)} names no module of {model} "
+                        f"(its projections: {', '.join(linear) or 'none found'})")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Everything checkable before a run folder exists and before any model is loaded."""
+    from experiments.core.runtime import resolve_device, resolve_dtype
+    from experiments.goldwaser.patch_match import check_context_length
+    from experiments.goldwaser.system_compile.inputs import check_template, encode, split
+    from experiments.patching.arch import adapter_for
+    from experiments.zoo.loading import check_model
+
+    if not str(cfg.model).strip():
+        raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-llama")
+    prompts = system_prompts(cfg)
+    fit, held = split(cfg)
+    _positive(cfg, "max_new_tokens", "rank", "steps", "batch", "samples")
+    if cfg.analytic_rank is not None:
+        _positive(cfg, "analytic_rank")
+    if float(cfg.ridge) < 0:
+        raise UserError(f"ridge={cfg.ridge} must be 0 (the least-squares lemma) or more")
+    if int(cfg.eval_every) < 0:
+        raise UserError(f"eval_every={cfg.eval_every} must be 0 (at the end only) or more")
+    for key in ("lr", "alpha", "temperature", "kl_ratio"):
+        if not float(cfg[key]) > 0:
+            raise UserError(f"{key}={cfg[key]} must be positive")
+    methods = [str(x) for x in cfg.methods]
+    if not methods or len(set(methods)) != len(methods):
+        raise UserError(f"methods={methods} must name analytic and/or bake, each once")
+    if cfg.save is not None and str(cfg.save) not in methods:
+        raise UserError(f"save={cfg.save} is not among methods={methods}")
+    if str(cfg.stop_at_eos).lower() not in STOP_WORDS:
+        raise UserError(f"stop_at_eos={cfg.stop_at_eos} must be auto, true or false")
+    if "bake" in methods and (not isinstance(cfg.lora_targets, (list, ListConfig)) or not cfg.lora_targets):
+        raise UserError("lora_targets= is empty: the LoRA needs the modules it adapts, e.g. "
+                        "[gate_proj,up_proj,down_proj]")
+    config = check_model(str(cfg.model), resolve_dtype(str(cfg.get("dtype", "float32"))),
+                         resolve_device(str(cfg.get("device", "auto"))))
+    if config.model_type == "gemma3":
+        raise UserError(f"the compiled checkpoint is text-only (e.g. Gemma3ForCausalLM); {cfg.model} is multimodal")
+    adapter_for(config.model_type)  # one line naming the supported ones
+    if "bake" in methods:
+        check_lora_targets(config, list(cfg.lora_targets), str(cfg.model))
+    tok = load_tokenizer(str(cfg.model))
+    check_template(tok, str(cfg.template), str(cfg.model))
+    lengths = [len(encode(tok, str(cfg.template), str(cfg.query_format), p.text, q).prompted)
+               for p in prompts for q in fit + held]
+    check_context_length(config, lengths, int(cfg.max_new_tokens))
+
+
+def _stops(cfg: DictConfig, bundle) -> set[int]:
+    """End of reply tokens; `auto`: only for trained models (a random one has no notion of a reply's end)."""
+    from experiments.zoo.prompts import stop_token_ids
+
+    value = str(cfg.stop_at_eos).lower()
+    stop = (not bundle.is_random) if value == "auto" else value == "true"
+    return stop_token_ids(bundle) if stop else set()
+
+
+# -- the run --------------------------------------------------------------------------------------
+def run(cfg: DictConfig, ctx: RunContext) -> None:
+    from experiments.core.atomic import write_json_atomic
+    from experiments.core.progress import progress
+    from experiments.goldwaser.system_compile.checkpoint import save_checkpoint
+    from experiments.goldwaser.system_compile.claims import check_claims
+    from experiments.goldwaser.system_compile.inputs import encode, split
+    from experiments.goldwaser.system_compile.measure import Generation
+    from experiments.goldwaser.system_compile.study import run_prompt
+    from experiments.patching.arch import adapter_for
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.threads import threads_for
+
+    validate(cfg)
+    prompts = system_prompts(cfg)
+    fit, held = split(cfg)
+    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
+    model, tok = bundle.model, bundle.tokenizer
+    adapter = adapter_for(model.config.model_type)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    gen = Generation(int(cfg.max_new_tokens), frozenset(_stops(cfg, bundle)), int(pad),
+                     functools.partial(tok.decode, skip_special_tokens=True))
+    save = functools.partial(save_checkpoint, cfg) if cfg.save is not None else None
+    generations: dict = {}
+    with threads_for(model), progress(len(prompts), "system prompts") as bar:
+        # the control's free generations: the unprompted model does not depend on the system prompt
+        plain = [encode(tok, str(cfg.template), str(cfg.query_format), prompts[0].text, q).plain for q in fit + held]
+        control = gen.free(model, plain)
+        for p, prompt in enumerate(prompts):
+            generations[prompt.name] = run_prompt(cfg, ctx, bundle, adapter, gen, p, prompt, fit, held, control,
+                                                  save if p == 0 else None)
+            write_json_atomic(ctx.path(GENERATIONS_FILE), dict(fit=fit, heldout=held, system=generations))
+            ctx.flush()
+            bar.advance(1, info=prompt.name)
+    check_claims(cfg, ctx, ctx.metrics())
+
+
+def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    from experiments.goldwaser.system_compile.plots import plot_all
+
+    return plot_all(metrics, figures_dir)
+
+
+EXPERIMENT = Experiment(
+    name="system_compile",
+    paper="Goldwaser et al.",
+    figures="(extension: system prompts)",
+    description="a system prompt compiled into weights: analytic fixed patch vs prompt baking, on held-out queries",
+    run=run,
+    plot=plot,
+    validate=validate,
+)

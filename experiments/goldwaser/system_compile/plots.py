@@ -1,0 +1,87 @@
+"""system_compile's figures, from metrics.csv alone: per system prompt and method, the held-out KL to the
+prompted model and the behaviour check's pass rate (bars; the fit queries as dots, a construction for the
+analytic patch); and the bake's training curve beside the control's and the analytic patch's held-out KL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments.core.plotting import new_figure, save_figure
+
+COLORS = {"control": "0.6", "analytic": "tab:blue", "bake": "tab:orange", "reference": "k"}
+LABELS = {"control": "control (no prompt)", "analytic": "analytic patch", "bake": "baked LoRA",
+          "reference": "prompted (reference)"}
+
+
+def _per_prompt(m: pd.DataFrame, metric: str, split: str) -> pd.DataFrame:
+    rows = m[(m["metric"] == metric) & (m["split"] == split)]
+    return rows.groupby(["prompt", "method"])["value"].mean().unstack("method")
+
+
+def _bars(ax, held: pd.DataFrame, fit: pd.DataFrame, methods: list[str], prompts: list[str]) -> None:
+    width = 0.8 / len(methods)
+    for j, method in enumerate(methods):
+        x = np.arange(len(prompts)) + (j - (len(methods) - 1) / 2) * width
+        if method in held:
+            ax.bar(x, held[method].reindex(prompts).to_numpy(), width, color=COLORS[method], label=LABELS[method])
+        if method in fit:
+            ax.plot(x, fit[method].reindex(prompts).to_numpy(), "o", ms=3.5, mfc="w", mec="k", mew=0.8,
+                    label="fit queries" if j == 0 else None)
+    ax.set_xticks(np.arange(len(prompts)), prompts)
+
+
+def _figure_heldout(m: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    prompts = list(dict.fromkeys(m.loc[m["metric"] == "kl", "prompt"]))
+    methods = [x for x in ("control", "analytic", "bake") if x in set(m.loc[m["metric"] == "kl", "method"])]
+    fig, axes = new_figure(2, 1, width=3.9, height=2.8)
+    kl_ax, rate_ax = axes[0, 0], axes[0, 1]
+    _bars(kl_ax, _per_prompt(m, "kl", "heldout"), _per_prompt(m, "kl", "fit"), methods, prompts)
+    kl_ax.set_yscale("log")
+    kl_ax.set_ylabel("KL(prompted ‖ model), nats/token")
+    kl_ax.set_title("held-out queries: next-token KL", fontsize=8)
+    _bars(rate_ax, _per_prompt(m, "behaviour", "heldout"), _per_prompt(m, "behaviour", "fit"),
+          [*methods, "reference"], prompts)
+    rate_ax.set_ylim(0, 1.05)
+    rate_ax.set_ylabel("behaviour check passed, fraction")
+    rate_ax.set_title("held-out queries: free generations", fontsize=8)
+    rate_ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    model = str(m["model"].dropna().iloc[0]) if "model" in m else ""
+    fig.suptitle(f"a system prompt compiled into weights ({model}); bars: held-out queries, dots: fit queries "
+                 "(for the analytic patch a construction)", fontsize=7.5)
+    return save_figure(fig, figures_dir, "heldout")
+
+
+def _figure_curve(m: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    prompts = list(dict.fromkeys(m.loc[m["metric"] == "bake_kl", "prompt"]))
+    fig, axes = new_figure(len(prompts), 1, width=3.2, height=2.5)
+    held_kl = _per_prompt(m, "kl", "heldout")
+    for ax, prompt in zip(axes[0], prompts, strict=True):
+        rows = m[m["prompt"] == prompt]
+        for metric, style, label in (("bake_kl", "-", "training KL (fit continuations)"),
+                                     ("bake_heldout_kl", "o--", "held-out KL")):
+            s = rows[rows["metric"] == metric].groupby("step")["value"].mean().sort_index()
+            if len(s):
+                ax.plot(s.index, s.to_numpy(), style, ms=3, lw=1.1, color=COLORS["bake"], label=label,
+                        alpha=1.0 if metric == "bake_heldout_kl" else 0.6)
+        for method, ls in (("control", ":"), ("analytic", "-.")):
+            if method in held_kl and prompt in held_kl.index:
+                ax.axhline(held_kl.loc[prompt, method], ls=ls, lw=1, color=COLORS[method],
+                           label=f"{LABELS[method]}, held-out")
+        ax.set_yscale("log")
+        ax.set_xlabel("bake step")
+        ax.set_title(prompt, fontsize=8)
+    axes[0, 0].set_ylabel("KL(prompted ‖ model), nats/token")
+    axes[0, 0].legend(fontsize=6)
+    return save_figure(fig, figures_dir, "bake_curve")
+
+
+def plot_all(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    if metrics.empty or "method" not in metrics or "kl" not in set(metrics["metric"]):
+        return []
+    paths = _figure_heldout(metrics, figures_dir)
+    if "bake_kl" in set(metrics["metric"]):
+        paths += _figure_curve(metrics, figures_dir)
+    return paths

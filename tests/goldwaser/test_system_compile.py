@@ -1,0 +1,278 @@
+"""system_compile and `icl-exp patch compile method=analytic|bake`: the experiment's plumbing on a tiny random
+model (its behaviour checks fail there, as they should: a random model follows no system prompt), the claims
+failing on a broken compile, both checkpoints reloading in stock transformers and giving what the run measured,
+the behaviour checks, the many-sequence fit, and bad input in one line before any model is loaded."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments.core.errors import UserError
+from tests.conftest import run_cli
+
+EXPERIMENT = "system_compile"  # the shared smoke run (tests/smoke_runs.py)
+SYSTEM = ("system=Begin every answer with the word 'Ahoy'.", "check=starts_with:Ahoy")
+TINY = ("model=tiny-llama", "queries=[Hi?,Why?,How so?,What now?]", "heldout=2", "max_new_tokens=5",
+        "rank=2", "steps=3", "batch=2")
+
+
+# -- the shared smoke run -------------------------------------------------------------------------------
+def test_smoke_run_measures_every_method_on_both_splits(smoke_run):
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    per_query = m[m["metric"].isin(["kl", "top1", "behaviour"])]
+    for method in ("control", "analytic", "bake"):
+        for split in ("fit", "heldout"):
+            rows = per_query[(per_query["method"] == method) & (per_query["split"] == split)]
+            assert set(rows["metric"]) == {"kl", "top1", "behaviour"}, (method, split)
+    assert set(m.loc[m["method"] == "reference", "metric"]) >= {"behaviour", "reference_s", "data_s"}
+    # the analytic patch at its own fit positions: a construction (least squares, N below the hidden size)
+    analytic = per_query[per_query["method"] == "analytic"]
+    fit_kl = analytic[(analytic["split"] == "fit") & (analytic["metric"] == "kl")]
+    assert fit_kl["value"].max() < 1e-8
+    budget = m[m["metric"].isin(["rank", "params_factored", "params_changed", "compile_s"])]
+    assert set(budget["method"]) == {"analytic", "bake"} and len(budget) == 8
+    bake_rank = budget[(budget["method"] == "bake") & (budget["metric"] == "rank")]["value"]
+    assert bake_rank.tolist() == [2.0]
+    curve = m[m["metric"] == "bake_kl"].sort_values("step")
+    assert curve["step"].tolist() == [1, 2, 3]
+    assert sorted(m.loc[m["metric"] == "bake_heldout_kl", "step"]) == [0, 2, 3]
+    claims = pd.read_csv(smoke_run / "claims.csv").set_index("id")
+    for x in ("analytic", "bake"):  # measured; on random weights they may fail
+        assert f"system_compile.heldout.{x}_kl_below_control" in claims.index
+        assert f"system_compile.heldout.{x}_behaviour_above_control" in claims.index
+    assert "system_compile.heldout.bake_kl_below_analytic" in claims.index
+    assert (smoke_run / "figures" / "heldout.png").is_file() and (smoke_run / "figures" / "bake_curve.png").is_file()
+    generations = json.loads((smoke_run / "generations.json").read_text())
+    assert set(generations["system"]["ahoy"]) == {"reference", "control", "analytic", "bake"}
+
+
+# -- the claims can fail ----------------------------------------------------------------------------------
+def test_a_compile_that_changes_nothing_fails_the_claims(tmp_path, monkeypatch):
+    """The analytic patch's ΔW zeroed (the originals written back at once) and a bake with learning rate 0:
+    both models are the unprompted one, so their held-out KL is the control's, ratio exactly 1."""
+    import dataclasses
+
+    from experiments.goldwaser.system_compile import study
+    from tests.in_process import run_claims
+
+    real_fit, real_bake = study.fit_patch, study.bake
+
+    def zero_fit(*args, **kwargs):
+        patch = real_fit(*args, **kwargs)
+        patch.restore(args[0])
+        return patch
+
+    monkeypatch.setattr(study, "fit_patch", zero_fit)
+    monkeypatch.setattr(study, "bake", lambda lm, data, s, *a: real_bake(lm, data, dataclasses.replace(s, lr=0.0), *a))
+    claims = run_claims(EXPERIMENT, tmp_path / "broken")
+    for x in ("analytic", "bake"):
+        row = claims.loc[f"system_compile.heldout.{x}_kl_below_control"]
+        assert row["measured"] == 1.0 and not row["passed"]
+    assert not claims.loc["system_compile.heldout.bake_kl_below_analytic", "passed"]
+
+
+# -- checkpoints ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["analytic", "bake"])
+def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp_path, method):
+    from transformers import AutoModelForCausalLM
+
+    from experiments.goldwaser.system_compile.replies import kl_rows
+    from experiments.zoo.loading import load_model
+
+    out = tmp_path / method
+    # the analytic one fitted on sampled continuations (two a fit query), truncated to rank 3 and regularized
+    extra = ("continuations=sample", "samples=2", "analytic_rank=3", "ridge=0.1") if method == "analytic" else ()
+    res = run_cli("patch", "compile", f"method={method}", *SYSTEM, *TINY, *extra, f"out={out}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+    printed = res.stdout + res.stderr
+    assert f"compiled checkpoint ({method}" in printed and "reloaded in stock transformers" in printed
+    info = json.loads((out / "compiled.json").read_text())
+    assert info["method"] == method and info["reload_logit_linf_rel"] == 0.0
+    # stock transformers on the folder, fed each held-out query WITHOUT the system prompt, against the original
+    # model given it (the tiny model is rebuilt from its seed): the KL the run measured, computed again here
+    stock = AutoModelForCausalLM.from_pretrained(out).eval()
+    base = load_model("tiny-llama", seed=0).model
+    kls = []
+    with torch.no_grad():
+        for q in info["queries"]:
+            reply = q["reply_ids"]
+            ref = base(torch.tensor([q["prompted_ids"] + reply[:-1]])).logits[0, -len(reply):]
+            got = stock(torch.tensor([q["plain_ids"] + reply[:-1]])).logits[0, -len(reply):]
+            kls.append(float(kl_rows(ref, got).mean()))
+            out_ids = stock.generate(torch.tensor([q["plain_ids"]]), max_new_tokens=len(q["generation_ids"]),
+                                     do_sample=False, pad_token_id=0)[0, len(q["plain_ids"]):].tolist()
+            assert out_ids == q["generation_ids"][:len(out_ids)]  # a stop token may end stock's sooner
+    assert kls == pytest.approx([q["kl"] for q in info["queries"]], rel=1e-5)
+    assert sum(kls) / len(kls) == pytest.approx(info["heldout"]["kl"], rel=1e-5)
+    assert info["control"]["kl"] > 0 and info["rank"] == (3 if method == "analytic" else 2)
+    assert info["params_changed"] > 0
+    claims = pd.read_csv(out / "claims.csv").set_index("id")
+    assert bool(claims.loc["system_compile.checkpoint.reproduced", "passed"])
+    assert bool(claims.loc["system_compile.checkpoint.same_generations", "passed"])
+
+
+# -- bad input: one line, before any model is loaded -------------------------------------------------------
+@pytest.mark.parametrize("override, said", [
+    ("prompts=[]", "prompts= is empty"),
+    ("queries=[]", "queries= is empty"),
+    ("heldout=0", "no held-out query"),
+    ("heldout=5", "leaves no query to fit on"),
+    ("rank=0", "rank=0 must be a positive integer"),
+    ("steps=0", "steps=0 must be a positive integer"),
+    ("steps=-3", "steps=-3 must be a positive integer"),
+    ("analytic_rank=0", "analytic_rank=0 must be a positive integer"),
+    ("ridge=-1", "ridge=-1.0 must be 0"),
+    ("steps=2.5", "steps=2.5 is ill-typed: expected an integer"),
+    ("prompts=[{name:a,text:hi,check:loud}]", "check='loud' is not a behaviour check"),
+    ("system=Be brief.", "system= needs check="),
+    ("lora_targets=[q_lin]", "q_lin names no module of tiny-llama"),
+    (("save=bake", "methods=[analytic]"), "save=bake is not among methods"),
+])
+def test_bad_input_is_one_line(tmp_path, override, said):
+    from tests.in_process import refusal
+
+    overrides = override if isinstance(override, tuple) else (override,)
+    assert said in refusal(EXPERIMENT, tmp_path / "run", *overrides)
+
+
+def test_a_model_without_a_chat_template_asked_for_a_system_turn(tmp_path):
+    """A checkpoint folder with a config and a tokenizer but no weights: the refusal comes from the tokenizer,
+    before anything tries to load the model."""
+    from experiments.zoo.loading import offline_config
+    from experiments.zoo.tokenizer import byte_tokenizer
+    from tests.in_process import refusal
+
+    folder = tmp_path / "plain-llama"
+    offline_config("tiny-llama").save_pretrained(folder)
+    tok = byte_tokenizer()
+    tok.chat_template = None
+    tok.save_pretrained(folder)
+    said = refusal(EXPERIMENT, tmp_path / "run", f"model={folder}")
+    assert "has no chat template" in said and "template=prefix" in said
+
+
+def test_patch_compile_method_needs_a_system_prompt(tmp_path):
+    res = run_cli("patch", "compile", "method=bake", "model=tiny-llama", f"out={tmp_path / 'x'}")
+    assert res.returncode == 2 and "give system=TEXT and check=" in res.stderr
+    res = run_cli("patch", "compile", "method=lora", *SYSTEM, f"out={tmp_path / 'x'}")
+    assert res.returncode == 2 and "method=lora is not one of analytic, bake" in res.stderr
+    assert not (tmp_path / "x").exists()
+
+
+# -- the pieces -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("check, text, passed", [
+    ("french", "Pour inverser une liste en Python, vous pouvez utiliser la méthode reverse().", True),
+    ("french", "To reverse a list in Python, you can use the reverse() method.", False),
+    ("french", "```python\nle = la = les = 1\n```\nThis is the way to do it.", False),  # code does not count
+    ("starts_with:Ahoy", "Ahoy, a closure is a function...", True),
+    ("starts_with:Ahoy", "**Ahoy!** Here is how.", True),
+    ("starts_with:Ahoy", "Sure! Ahoy, here is how.", False),
+    ("starts_with:Ahoy", "Ahoyhoy there", False),
+    ("uppercase", "A CLOSURE IS A FUNCTION THAT REMEMBERS.", True),
+    ("uppercase", "A closure is a function.", False),
+    ("json", '```json\n{"answer": 42}\n```', True),
+    ("json", '{"answer": 42', False),
+    ("json", "42", False),
+])
+def test_behaviour_checks(check, text, passed):
+    from experiments.goldwaser.system_compile.behaviours import check_for
+
+    assert check_for(check)(text) is passed
+
+
+def test_unknown_check_names_the_known_forms():
+    from experiments.goldwaser.system_compile.behaviours import check_for
+
+    with pytest.raises(UserError, match=r"check='starts_with:' is not a behaviour check; known: french, "):
+        check_for("starts_with:")
+
+
+def test_prompted_and_plain_inputs_share_the_query_at_their_end():
+    from experiments.goldwaser.system_compile.inputs import encode
+    from experiments.zoo.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    for template in ("chat", "prefix"):
+        ids = encode(tok, template, "Q: {query}\nA:", "Be brief.", "Why?")
+        assert ids.prompted[-ids.shared:] == ids.plain[-ids.shared:]
+        assert len(tok.decode(ids.plain[-ids.shared:])) >= len("Why?")
+        assert "Be brief." in tok.decode(ids.prompted) and "Be brief." not in tok.decode(ids.plain)
+
+
+@pytest.mark.numeric
+@pytest.mark.usefixtures("one_thread")
+def test_fit_over_sequences_of_different_lengths_is_exact_at_their_rows():
+    """Two sequences of different lengths in one right-padded batch: in float64, every aligned row's layer
+    output becomes the target's (rows fewer than d, so least squares is exact), and the rows after a short
+    sequence (padding) are not fitted; the unpatched model (control) is far from the targets."""
+    from experiments.goldwaser.system_compile.analytic import FitSequence, fit_patch, fit_targets
+    from experiments.patching.arch import adapter_for
+    from experiments.patching.fixed_patch import layer_outputs
+    from experiments.zoo.loading import load_model
+
+    model = load_model("tiny-llama", torch.float64, seed=1).model
+    adapter = adapter_for("llama")
+    seqs = [FitSequence((2, 40, 41, 42, 43, 44, 45), (2, 44, 45), 2),
+            FitSequence((2, 50, 51, 52, 53), (2, 60, 61, 52, 53), 3)]
+    targets = fit_targets(model, adapter, seqs, "cpu")
+    control = [layer_outputs(model, adapter, torch.tensor([s.plain]))[1] for s in seqs]
+    patch = fit_patch(model, adapter, seqs, targets, pad_id=0)
+    try:
+        for layer in range(len(targets.out)):
+            got = torch.cat([layer_outputs(model, adapter, torch.tensor([s.plain]))[1][layer][-s.aligned:]
+                             for s in seqs])
+            before = torch.cat([c[layer][-s.aligned:] for c, s in zip(control, seqs, strict=True)])
+            want = targets.out[layer]
+            assert float((got - want).abs().max() / want.abs().max()) < 1e-10
+            assert float((before - want).abs().max() / want.abs().max()) > 1e-3
+        assert patch.k == 5 and all(fit.rank == 5 for fit in patch.layers)
+    finally:
+        patch.restore(model)
+
+
+def test_analytic_rank_truncates_every_matrix():
+    from experiments.goldwaser.system_compile.analytic import truncate
+
+    delta = torch.randn(6, 5, dtype=torch.float64) @ torch.randn(5, 7, dtype=torch.float64)
+    assert int(torch.linalg.matrix_rank(truncate(delta, 2))) == 2
+    assert torch.equal(truncate(delta, None), delta) and torch.equal(truncate(delta, 9), delta)
+
+
+@pytest.mark.parametrize("text", ["Begin every answer with the word 'Ahoy'.", "a\\b \\'q", "x=1, [y] {z}", "end\\",
+                                  'He said "hi"', "Reply in JSON: {\"a\": [1, 2]}"])
+def test_patch_compile_hands_a_system_prompt_to_hydra_unchanged(text):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from cli.patch import hydra_quoted
+
+    assert OverridesParser.create().parse_override(hydra_quoted(f"system={text}")).value() == text
+
+
+# -- the real model -------------------------------------------------------------------------------------
+@pytest.mark.slow  # about 2 min on 2 idle cores: Qwen2.5-Coder-0.5B-Instruct, loaded and saved (2.5 GB)
+def test_qwen_ahoy_compiles_analytically_into_a_stock_checkpoint(tmp_path):
+    """The trained model follows "Begin every answer with the word 'Ahoy'."; the analytic patch, fitted on 6
+    queries' 12-token replies, brings the held-out next-token distributions close to the prompted model's
+    (measured: KL 0.047 against the unprompted model's 2.2) and starts held-out answers with Ahoy where the
+    unprompted model never does (measured: 1 of 2), and the reloaded checkpoint gives the run's logits."""
+    from tests.conftest import require_bundled
+
+    require_bundled("qwen2.5-0.5b")
+    out = tmp_path / "ahoy"
+    queries = "queries=[What is a closure?,Why is the sky blue?,What does HTTP stand for?,Explain recursion.," \
+              "What is Git used for?,How do I merge two dictionaries?,What is a hash table?,What is an API?]"
+    res = run_cli("patch", "compile", "method=analytic", *SYSTEM, "model=qwen2.5-0.5b", queries, "heldout=2",
+                  "max_new_tokens=12", f"out={out}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    info = json.loads((out / "compiled.json").read_text())
+    assert info["heldout"]["behaviour"] > info["control"]["behaviour"] == 0.0
+    assert info["heldout"]["kl"] < 0.5 * info["control"]["kl"]
+    assert info["fit"]["kl"] < 1e-8  # the construction, at the fit queries' own positions
+    claims = pd.read_csv(out / "claims.csv").set_index("id")
+    assert claims.loc[["system_compile.checkpoint.reproduced", "system_compile.checkpoint.same_generations"],
+                      "passed"].all()
