@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
-# Experiments whose paper settings are meant for a GPU (README: gemma_match, basis_transfer, gpt_wq).
+# Experiments whose paper settings are meant for a GPU (docs/usage.md: gemma_match, basis_transfer, gpt_wq).
 GPU_EXPERIMENTS = frozenset({"gemma_match", "basis_transfer", "gpt_wq"})
 GPU_PRESETS = frozenset({"paper", "gpu"})
 # Resources when slurm.yaml leaves them null: (gpus_per_node, cpus_per_task, mem_gb)
