@@ -36,7 +36,9 @@ model's dtype) into the parameters before the MLP reads them; the pre-hook of th
 output parameter then sees the Y (or H, or the routing) that the patched input maps really give and
 solves for R against them. So layer l + 1 is fitted to the hidden states of the patched layers before
 it, rounding included. Algebra in float64; the model's parameters are changed in place (`FixedPatch`
-keeps the originals to restore).
+keeps the originals to restore). Many sequences fit at once as one right-padded batch, the hooks reading
+only the fitted rows (system_compile); a rank cap or a ridge turns the lemmas into their truncated or
+regularized versions there.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from experiments.patching.arch.base import CONV1D, EXPERTS, BlockAdapter
+from experiments.patching.arch.base import CONV1D, EXPERTS, OUTER_WEIGHT, BlockAdapter
 from experiments.patching.compare import comparable
-from experiments.patching.lemmas_ls import input_update_ls, relative_residual
+from experiments.patching.lemmas_ls import input_update_ls, relative_residual, ridge_ls, truncate
 from experiments.patching.rules import RULES
 from experiments.patching.rules.base import as_rows as _rows
 from experiments.patching.rules.base import module_input as _hidden
@@ -162,14 +164,42 @@ def _write(P: Tensor, delta: Tensor) -> None:
     P.copy_((P.double() + delta).to(P.dtype))
 
 
-def _input_side(layer: nn.Module, adapter: BlockAdapter, Z: Tensor, Z_c: Tensor) -> float:
-    """Every input matrix gets ΔW = W (Z_C − Z)ᵀ (Zᵀ)⁺; returns the worst relative miss after rounding."""
+class RowPicker:
+    """The rows of a (B, S, …) batch (or of its flattened (B·S, …) form) at the fitted positions; all of
+    them when `rows` is None (one sequence whose every position is fitted)."""
+
+    def __init__(self, rows: Tensor | None, batch: int, length: int):
+        self.n, self.shape = batch * length, (batch, length)
+        self.rows = torch.arange(self.n) if rows is None else rows
+
+    def __call__(self, t: Tensor) -> Tensor:
+        return _rows(t)[self.rows]
+
+    def tensor(self, t):
+        """A module argument at the fitted rows, as a (1, N, …) tensor, or as (N, …) when it came flattened."""
+        if not isinstance(t, Tensor) or t.dim() == 0:
+            return t
+        if t.dim() >= 2 and tuple(t.shape[:2]) == self.shape:
+            return t.reshape(self.n, *t.shape[2:])[self.rows].unsqueeze(0)
+        if t.shape[0] == self.n:
+            return t[self.rows]
+        return t
+
+    def args(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return tuple(self.tensor(a) for a in args), {k: self.tensor(v) for k, v in kwargs.items()}
+
+
+def _input_side(layer: nn.Module, adapter: BlockAdapter, Z: Tensor, Z_c: Tensor, rank: int | None = None,
+                ridge: float = 0.0) -> float:
+    """Every input matrix gets ΔW = W (Z_C − Z)ᵀ (Zᵀ)⁺ (ridge > 0: regularized; truncated to `rank`);
+    returns the worst relative miss max_i |W′ z_i − W z_C,i| / max |W z_C,i| after rounding."""
     worst = 0.0
     for name, layout in adapter.input_matrices.items():
         P = layer.get_parameter(name)
         W = P.detach().double().clone()  # .double() of a float64 P is P itself, which _write changes
         eff = W.T if layout == CONV1D else W  # Conv1D stores (in, out)
-        delta = input_update_ls(eff, Z_c, Z)
+        delta = input_update_ls(eff, Z_c, Z) if ridge == 0 else ridge_ls(eff @ (Z_c - Z).T, Z, ridge)
+        delta = truncate(delta, rank)
         _write(P, delta.T if layout == CONV1D else delta)
         new = P.detach().double()
         new_eff = new.T if layout == CONV1D else new
@@ -178,25 +208,41 @@ def _input_side(layer: nn.Module, adapter: BlockAdapter, Z: Tensor, Z_c: Tensor)
     return worst
 
 
-def _output_side(adapter: BlockAdapter, module: nn.Module, P: Tensor, args: tuple, kwargs: dict,
-                 R_of_g) -> tuple[float, float, float]:
+def _output_side(adapter: BlockAdapter, module: nn.Module, P: Tensor, args: tuple, kwargs: dict, pick: RowPicker,
+                 R_of_g, rank: int | None, ridge: float) -> tuple[float, float, float]:
     """Solve the output rule for R = T_C − V − G (G: `module`'s output with its original parameter) and write
-    the change into P; returns (relative least-squares residual, ‖R‖_F, max |Δ|)."""
-    G = _rows(_first(module.forward(*args, **kwargs)))  # .forward: no hooks
+    the change into P; returns (relative least-squares residual, ‖R‖_F, max |Δ|). The residual is the
+    rule's own (float64, before rounding), or, where ridge or rank altered its solution, what the written
+    change really moves in a forward."""
+    G = pick(_first(module.forward(*args, **kwargs)))  # .forward: no hooks
     R = R_of_g(G)
-    delta, fitted = adapter.rule.fit_positions(adapter, module, P, args, kwargs, R)
+    sub_args, sub_kwargs = pick.args(args, kwargs)
+    if ridge and adapter.output_rule == OUTER_WEIGHT:  # ΔW′ Yᵀ ≈ Rᵀ, regularized
+        delta, fitted = ridge_ls(R.T, _rows(_hidden(sub_args, sub_kwargs)), ridge), None
+    else:  # the rule's least squares (a vector rule is overdetermined already)
+        delta, fitted = adapter.rule.fit_positions(adapter, module, P, sub_args, sub_kwargs, R)
+    if rank is not None and delta.dim() >= 2:
+        delta, fitted = truncate(delta, rank), None
     _write(P, delta)
+    if fitted is None:
+        fitted = pick(_first(module.forward(*args, **kwargs))) - G
     return relative_residual(R, fitted), float(R.norm()), float(delta.abs().max())
 
 
 @torch.no_grad()
-def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, targets: Targets) -> FixedPatch:
-    """Fit the fixed patch at the positions of `input_ids` (1, k) (the no-context sequence's first k),
-    closed loop, in one forward (module docstring). The model's parameters are changed in place."""
+def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, targets: Targets,
+                    rows: Tensor | None = None, rank: int | None = None, ridge: float = 0.0) -> FixedPatch:
+    """Fit the fixed patch at the positions of `input_ids` (B, S), closed loop, in one forward (module
+    docstring). `rows`: the flat indices (b·S + j) of the fitted positions, in the order of the targets'
+    rows (None: every position of a single sequence, context_compile's first k); a right-padded batch needs no
+    attention mask, since a causal model's real positions never see the padding after them. `rank`
+    truncates every fitted matrix to its best rank-r approximation before the next layer is fitted;
+    `ridge` > 0 replaces the pseudo-inverse by Tikhonov's regularized inverse (lemmas_ls.ridge_ls). The
+    model's parameters are changed in place (restore with `.restore(model)`)."""
     layers = adapter.layers(model)
     names = {id(m): n for n, m in model.named_modules()}
-    k = input_ids.shape[1]
-    patch = FixedPatch(k=k)
+    pick = RowPicker(rows, *input_ids.shape)
+    patch = FixedPatch(k=len(pick.rows))
     for layer in layers:
         prefix = names[id(layer)]
         for name in (*adapter.input_matrices, adapter.output_param):
@@ -206,22 +252,23 @@ def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
         seen: dict = {}
 
         def keep_v(_m, a, kw, seen=seen):
-            seen["v"] = _rows(_hidden(a, kw))
+            seen["v"] = pick(_hidden(a, kw))
 
         def keep_x(_m, a, kw, seen=seen):
-            seen["x"] = _rows(_hidden(a, kw))
+            seen["x"] = _hidden(a, kw)
 
         def keep_attn(_m, _a, o, seen=seen):
-            seen["v"] = seen["x"] + _rows(_first(o))  # parallel block (Thm 12): v = x + A
+            seen["v"] = pick(seen["x"] + _first(o))  # parallel block (Thm 12): v = x + A
 
         def fit_inputs(_m, a, kw, index=index, layer=layer, seen=seen):
-            Z = _rows(_hidden(a, kw))
+            Z = pick(_hidden(a, kw))
             seen["rank"] = int(torch.linalg.matrix_rank(Z))
-            seen["input_rel"] = _input_side(layer, adapter, Z, targets.z[index])
+            seen["input_rel"] = _input_side(layer, adapter, Z, targets.z[index], rank, ridge)
 
         def fit_output(module, a, kw, index=index, layer=layer, seen=seen):
             P = layer.get_parameter(adapter.output_param)
-            res, rn, dl = _output_side(adapter, module, P, a, kw, lambda G: targets.out[index] - seen["v"] - G)
+            res, rn, dl = _output_side(adapter, module, P, a, kw, pick,
+                                       lambda G: targets.out[index] - seen["v"] - G, rank, ridge)
             patch.layers.append(LayerFit(index, seen["rank"], seen["input_rel"], res, rn, dl))
 
         if adapter.residual_at:
@@ -230,8 +277,7 @@ def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
             handles.append(layer.register_forward_pre_hook(keep_x, with_kwargs=True))
             handles.append(layer.get_submodule(adapter.attention).register_forward_hook(keep_attn))
         handles.append(layer.get_submodule(adapter.mlp).register_forward_pre_hook(fit_inputs, with_kwargs=True))
-        owner = layer.get_submodule(adapter.output_param.rsplit(".", 1)[0])
-        handles.append(owner.register_forward_pre_hook(fit_output, with_kwargs=True))
+        handles.append(adapter.owner(layer).register_forward_pre_hook(fit_output, with_kwargs=True))
     try:
         adapter.decoder(model)(input_ids=input_ids, use_cache=False)  # the decoder body: no LM head needed
     except BaseException:
@@ -253,5 +299,5 @@ def rank_limit(config, adapter: BlockAdapter) -> int:
     return int(getattr(text, "hidden_size", None) or text.n_embd)
 
 
-__all__ = ["EXACT_RULES", "EXPERTS", "FixedPatch", "LayerFit", "Targets", "capture_targets", "fit_fixed_patch",
-           "layer_outputs", "rank_limit"]
+__all__ = ["EXACT_RULES", "EXPERTS", "FixedPatch", "LayerFit", "RowPicker", "Targets", "capture_targets",
+           "fit_fixed_patch", "layer_outputs", "rank_limit"]

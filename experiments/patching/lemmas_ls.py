@@ -43,6 +43,24 @@ def moe_ls(R: Tensor, Phi: Tensor, experts: int) -> Tensor:
     return stacked.reshape(R.shape[1], experts, -1).permute(1, 0, 2)
 
 
+def ridge_ls(B: Tensor, X: Tensor, ridge: float) -> Tensor:
+    """Δ with Δ Xᵀ ≈ B, for B (..., out, N) and rows X (N, n): B (X Xᵀ + λ I)⁻¹ X, λ = ridge · mean_i ‖x_i‖²
+    (scale-free); at ridge = 0 the least-squares lemma's B (Xᵀ)⁺."""
+    if ridge == 0:
+        return B @ torch.linalg.pinv(X.T)
+    lam = ridge * float(X.square().sum(-1).mean())
+    gram = X @ X.T + lam * torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
+    return B @ torch.linalg.solve(gram, X)
+
+
+def truncate(delta: Tensor, rank: int | None) -> Tensor:
+    """The best rank-`rank` approximation of a matrix (batched over leading dims), or `delta` itself."""
+    if rank is None or min(delta.shape[-2:]) <= rank:
+        return delta
+    U, S, Vh = torch.linalg.svd(delta, full_matrices=False)
+    return (U[..., :rank] * S[..., None, :rank]) @ Vh[..., :rank, :]
+
+
 def relative_residual(R: Tensor, fitted: Tensor) -> float:
     """‖R − fitted‖_F / ‖R‖_F (0 when R = 0)."""
     norm = float(R.norm())

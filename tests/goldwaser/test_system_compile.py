@@ -236,7 +236,7 @@ def test_fit_over_sequences_of_different_lengths_is_exact_at_their_rows():
 
 
 def test_analytic_rank_truncates_every_matrix():
-    from experiments.goldwaser.system_compile.analytic import truncate
+    from experiments.patching.lemmas_ls import truncate
 
     delta = torch.randn(6, 5, dtype=torch.float64) @ torch.randn(5, 7, dtype=torch.float64)
     assert int(torch.linalg.matrix_rank(truncate(delta, 2))) == 2

@@ -16,9 +16,9 @@ needed: a causal model's real positions never see the padding after them), and e
 rows of the aligned positions. So layer l + 1 is fitted to what the already patched layers ≤ l produce.
 `rank` truncates each fitted matrix to its best rank-r approximation (SVD) before the next layer is fitted,
 for a budget like a rank-r LoRA's. `ridge` > 0 replaces the matrices' pseudo-inverse by Tikhonov's
-regularized inverse (`ridge_ls`): the fit no longer interpolates the fit rows, and moves less in the directions
-those rows barely span. The model's parameters are changed in place; `FixedPatch.restore` puts
-them back.
+regularized inverse (`lemmas_ls.ridge_ls`): the fit no longer interpolates the fit rows, and moves less in
+the directions those rows barely span. The fit itself is fixed_patch.fit_fixed_patch, given the aligned rows
+of the batch; the model's parameters are changed in place, `FixedPatch.restore` puts them back.
 """
 
 from __future__ import annotations
@@ -28,10 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from experiments.patching.arch.base import CONV1D, OUTER_WEIGHT, BlockAdapter
-from experiments.patching.fixed_patch import FixedPatch, LayerFit, Targets, capture_targets
-from experiments.patching.lemmas_ls import input_update_ls, relative_residual
-from experiments.patching.rules.base import as_rows, module_input
+from experiments.patching.arch.base import BlockAdapter
+from experiments.patching.fixed_patch import FixedPatch, Targets, capture_targets, fit_fixed_patch
 
 
 @dataclass(frozen=True)
@@ -42,76 +40,6 @@ class FitSequence:
     prompted: tuple[int, ...]
     plain: tuple[int, ...]
     aligned: int
-
-
-def truncate(delta: Tensor, rank: int | None) -> Tensor:
-    """The best rank-`rank` approximation of a matrix (batched over leading dims), or `delta` itself."""
-    if rank is None or min(delta.shape[-2:]) <= rank:
-        return delta
-    U, S, Vh = torch.linalg.svd(delta, full_matrices=False)
-    return (U[..., :rank] * S[..., None, :rank]) @ Vh[..., :rank, :]
-
-
-def ridge_ls(B: Tensor, X: Tensor, ridge: float) -> Tensor:
-    """Δ with Δ Xᵀ ≈ B, for B (..., out, N) and rows X (N, n): B (X Xᵀ + λ I)⁻¹ X, λ = ridge · mean_i ‖x_i‖²
-    (scale-free); at ridge = 0 the least-squares lemma's B (Xᵀ)⁺."""
-    if ridge == 0:
-        return B @ torch.linalg.pinv(X.T)
-    lam = ridge * float(X.square().sum(-1).mean())
-    gram = X @ X.T + lam * torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
-    return B @ torch.linalg.solve(gram, X)
-
-
-def _write(P: Tensor, delta: Tensor) -> None:
-    """P ← P + Δ, computed in float64 and rounded once to P's dtype (as fixed_patch.py)."""
-    P.copy_((P.double() + delta).to(P.dtype))
-
-
-def _first(out):
-    return out[0] if isinstance(out, tuple) else out
-
-
-class RowPicker:
-    """The rows of a (B, S, …) batch (or of its flattened (B·S, …) form) at the aligned positions."""
-
-    def __init__(self, rows: Tensor, batch: int, length: int):
-        self.rows, self.n = rows, batch * length
-        self.shape = (batch, length)
-
-    def __call__(self, t: Tensor) -> Tensor:
-        return as_rows(t)[self.rows]
-
-    def tensor(self, t):
-        """A module argument at the aligned rows, as a (1, N, …) tensor, or as (N, …) when it came flattened."""
-        if not isinstance(t, Tensor) or t.dim() == 0:
-            return t
-        if t.dim() >= 2 and tuple(t.shape[:2]) == self.shape:
-            return t.reshape(self.n, *t.shape[2:])[self.rows].unsqueeze(0)
-        if t.shape[0] == self.n:
-            return t[self.rows]
-        return t
-
-    def args(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        return tuple(self.tensor(a) for a in args), {k: self.tensor(v) for k, v in kwargs.items()}
-
-
-def _input_side(layer: nn.Module, adapter: BlockAdapter, Z: Tensor, Z_c: Tensor, rank: int | None,
-                ridge: float) -> float:
-    """ΔW = W (Z_C − Z)ᵀ (Zᵀ)⁺ for every matrix reading z (ridge: regularized; truncated to `rank`); the
-    worst relative miss max_i |W′ z_i − W z_C,i| / max |W z_C,i| after rounding."""
-    worst = 0.0
-    for name, layout in adapter.input_matrices.items():
-        P = layer.get_parameter(name)
-        W = P.detach().double().clone()
-        eff = W.T if layout == CONV1D else W  # Conv1D stores (in, out)
-        delta = input_update_ls(eff, Z_c, Z) if ridge == 0 else ridge_ls(eff @ (Z_c - Z).T, Z, ridge)
-        delta = truncate(delta, rank)
-        _write(P, delta.T if layout == CONV1D else delta)
-        new = P.detach().double()
-        new_eff = new.T if layout == CONV1D else new
-        want, got = eff @ Z_c.T, new_eff @ Z.T
-        worst = max(worst, float((got - want).abs().max()) / max(float(want.abs().max()), 1e-300))
-    return worst
 
 
 @torch.no_grad()
@@ -143,72 +71,13 @@ def plain_batch(sequences: list[FitSequence], pad_id: int, device) -> tuple[Tens
     return ids.to(device), torch.tensor(rows, device=device)
 
 
-@torch.no_grad()
 def fit_patch(model: nn.Module, adapter: BlockAdapter, sequences: list[FitSequence], targets: Targets,
               pad_id: int, rank: int | None = None, ridge: float = 0.0) -> FixedPatch:
     """Fit the fixed patch at every aligned position of `sequences` (module docstring), closed loop, in one
-    forward of their batch. The model's parameters are changed in place (restore with `.restore(model)`)."""
-    layers = adapter.layers(model)
-    names = {id(m): n for n, m in model.named_modules()}
+    forward of their batch (fixed_patch.fit_fixed_patch with the aligned rows). The model's parameters are
+    changed in place (restore with `.restore(model)`)."""
     ids, rows = plain_batch(sequences, pad_id, next(model.parameters()).device)
-    pick = RowPicker(rows, *ids.shape)
-    patch = FixedPatch(k=len(rows))
-    for layer in layers:
-        prefix = names[id(layer)]
-        for name in (*adapter.input_matrices, adapter.output_param):
-            patch.originals[f"{prefix}.{name}"] = layer.get_parameter(name).detach().clone()
-    handles = []
-    for index, layer in enumerate(layers):
-        seen: dict = {}
-
-        def keep_v(_m, a, kw, seen=seen):
-            seen["v"] = pick(module_input(a, kw))
-
-        def keep_x(_m, a, kw, seen=seen):
-            seen["x"] = module_input(a, kw)
-
-        def keep_attn(_m, _a, o, seen=seen):
-            seen["v"] = pick(seen["x"] + _first(o))  # parallel block (Thm 12): v = x + A
-
-        def fit_inputs(_m, a, kw, index=index, layer=layer, seen=seen):
-            Z = pick(module_input(a, kw))
-            seen["rank"] = int(torch.linalg.matrix_rank(Z))
-            seen["input_rel"] = _input_side(layer, adapter, Z, targets.z[index], rank, ridge)
-
-        def fit_output(module, a, kw, index=index, layer=layer, seen=seen):
-            P = layer.get_parameter(adapter.output_param)
-            G = pick(_first(module.forward(*a, **kw)))  # .forward: no hooks
-            R = targets.out[index] - seen["v"] - G
-            sub_a, sub_kw = pick.args(a, kw)
-            if ridge and adapter.output_rule == OUTER_WEIGHT:  # ΔW′ Yᵀ ≈ Rᵀ, regularized
-                delta = ridge_ls(R.T, as_rows(module_input(sub_a, sub_kw)), ridge)
-            else:  # the rule's least squares (a vector rule is overdetermined already)
-                delta, _ = adapter.rule.fit_positions(adapter, module, P, sub_a, sub_kw, R)
-            delta = truncate(delta, rank) if delta.dim() >= 2 else delta
-            _write(P, delta)
-            moved = pick(_first(module.forward(*a, **kw))) - G  # what the written change really moves
-            patch.layers.append(LayerFit(index, seen["rank"], seen["input_rel"], relative_residual(R, moved),
-                                         float(R.norm()), float(delta.abs().max())))
-
-        if adapter.residual_at:
-            handles.append(layer.get_submodule(adapter.residual_at).register_forward_pre_hook(keep_v, with_kwargs=True))
-        else:
-            handles.append(layer.register_forward_pre_hook(keep_x, with_kwargs=True))
-            handles.append(layer.get_submodule(adapter.attention).register_forward_hook(keep_attn))
-        handles.append(layer.get_submodule(adapter.mlp).register_forward_pre_hook(fit_inputs, with_kwargs=True))
-        handles.append(adapter.owner(layer).register_forward_pre_hook(fit_output, with_kwargs=True))
-    try:
-        adapter.decoder(model)(input_ids=ids, use_cache=False)  # the decoder body: no LM head needed
-    except BaseException:
-        patch.restore(model)
-        raise
-    finally:
-        for h in handles:
-            h.remove()
-    if len(patch.layers) != len(layers):  # a hook that never ran: the adapter does not match this block
-        patch.restore(model)
-        raise RuntimeError(f"{adapter.family}: fitted {len(patch.layers)} of {len(layers)} layers")
-    return patch
+    return fit_fixed_patch(model, adapter, ids, targets, rows=rows, rank=rank, ridge=ridge)
 
 
 def budget(patch: FixedPatch, model: nn.Module, rank: int | None) -> dict[str, float]:
