@@ -15,9 +15,11 @@ import shutil
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from experiments.core import registry
 from experiments.core.results import CLAIM_COLUMNS
+from experiments.zoo.loading import model_label
 from tests.dherin.figure_checks import assert_drawn
 
 TIDY = ["experiment", "run_id", "metric", "value"]
@@ -54,6 +56,9 @@ def test_run_folder_follows_the_contract(smoke_runs, name, tmp_path):
     assert record["git"].keys() == {"commit", "dirty"}
     assert record["packages"]["torch"] and record["wall_time_s"] > 0 and record["start"] and record["end"]
     assert "preset=smoke" in record["overrides"]
+    config = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    if isinstance(config.get("model"), str):  # a model by name: the report's Model column says which, and its weights
+        assert record.get("model") == model_label(config.model), record.get("model")
 
     metrics = pd.read_csv(run_dir / "metrics.csv")
     assert list(metrics.columns[:4]) == TIDY and len(metrics)

@@ -171,10 +171,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.goldwaser.system_compile.measure import Generation
     from experiments.goldwaser.system_compile.study import run_prompt
     from experiments.patching.arch import adapter_for
-    from experiments.zoo.loading import load_model
+    from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
 
     validate(cfg)
+    ctx.model = model_label(str(cfg.model))
     prompts = system_prompts(cfg)
     fit, held = split(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
