@@ -337,3 +337,27 @@ def test_the_docs_figures_are_copied_from_the_shown_runs(tmp_path):
     assert copied.read_bytes() == (run / "figures" / "fig.png").read_bytes()
     assert [p.name for p in copied.parent.iterdir()] == [copied.name]  # gpt_wq etc. drew none here
     assert f"figure: {copied}" in proc.stdout
+
+
+def test_with_all_runs_the_docs_figure_is_the_paper_runs_over_a_newer_cpu_run(tmp_path):
+    """--all shows every run; the docs' figure is taken from the highest preset's, not the newest run's."""
+    from experiments.core.report.results_page import DOC_FIGURES
+
+    root = tmp_path / "results"
+    drawn = DOC_FIGURES["linreg_icl"][0]
+    runs = {}
+    for name, start, preset in (("paper", "2026-01-01T00:00:00", "paper"), ("cpu", "2026-01-02T00:00:00", "cpu")):
+        runs[name] = make_run(root / name, "linreg_icl", start, [claim("dherin.fig2.patch_equals_context", 0.1, True)],
+                              preset=preset, figure=True)
+    fig, ax = plt.subplots(figsize=(4, 3))  # the two runs' figures differ
+    ax.plot([0, 1], [0, 1])
+    fig.savefig(runs["cpu"] / "figures" / "fig.png", dpi=100)
+    plt.close(fig)
+    for run in runs.values():
+        shutil.copyfile(run / "figures" / "fig.png", run / "figures" / drawn)
+    page = tmp_path / "docs" / "results.md"
+    proc = run_cli("report", str(root), "--all", "--results-md", str(page))
+    assert proc.returncode == 0, proc.stderr
+    copied = page.parent / "figures" / DOC_FIGURES["linreg_icl"][1]
+    assert copied.read_bytes() == (runs["paper"] / "figures" / drawn).read_bytes()
+    assert copied.read_bytes() != (runs["cpu"] / "figures" / drawn).read_bytes()

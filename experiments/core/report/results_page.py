@@ -14,7 +14,7 @@ from pathlib import Path
 from experiments.core.atomic import write_text_atomic
 from experiments.core.report.collect import Report
 from experiments.core.report.markdown import md_cell, runs_table
-from experiments.core.report.runs import rel
+from experiments.core.report.runs import preset_rank, rel
 from experiments.core.report.text import (
     CONSTRUCTION_NOTE,
     claim_cells,
@@ -117,18 +117,19 @@ def write_results_page(path: Path, report: Report, command: str) -> Path:
 def copy_doc_figures(report: Report, folder: Path) -> list[Path]:
     """The shown runs' DOC_FIGURES copied into `folder` (docs/figures beside docs/results.md), each atomically;
     an experiment not shown, or whose run drew no such figure, is skipped. Where several runs of an experiment
-    are shown (--all), the largest sweep's figure is taken. Returns the files written."""
+    are shown (--all), the figure of the highest preset's largest sweep is taken. Returns the files written."""
     import shutil
 
     from experiments.core.atomic import write_atomic
     from experiments.core.results import FIGURES_DIR
 
-    # per experiment the unit with the most jobs (with --all: the dtype x variant sweep over a single run), newest
+    # per experiment the unit at the highest preset (the paper's settings over a cpu run), then with the most
+    # jobs (with --all: the dtype x variant sweep over a single run), then the newest
     jobs: dict[Path, int] = {}
     for run in report.runs:
         jobs[run.unit] = jobs.get(run.unit, 0) + 1
     shown: dict[str, Path] = {}
-    for run in sorted(report.runs, key=lambda r: (jobs[r.unit], r.start)):
+    for run in sorted(report.runs, key=lambda r: (preset_rank(r.preset), jobs[r.unit], r.start)):
         shown[run.experiment] = run.unit
     written = []
     for experiment, (drawn, name) in DOC_FIGURES.items():
