@@ -49,7 +49,8 @@ def test_cpu_torch_never_cuda_wheels_without_a_gpu():
 
 def test_ci_runs_the_readme_test_session():
     ci = (REPO_ROOT / ".ci" / "run").read_text()
-    assert "nox -s lint tests" in ci
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert "nox -s lint tests" in ci and "python3 -m nox -s lint tests" in readme
 
 
 # -- install_torch, run with a stand-in for nox and for the .venv (nothing is installed) -------------------
