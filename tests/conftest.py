@@ -12,6 +12,17 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# -- Ctrl-C in a child process ---------------------------------------------------------------------------
+def ctrl_c_as_in_a_terminal() -> None:
+    """`preexec_fn` for a child that a test sends SIGINT: SIGINT back to its default action, so that Python
+    installs its KeyboardInterrupt handler there. A shell starts a background job (`bash .ci/run &`,
+    `nohup`) with SIGINT ignored, every process below inherits that, and Python leaves an ignored SIGINT
+    ignored: the child would sleep through the test's Ctrl-C (seen: two tests hung until their guards)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 # -- CPU by default --------------------------------------------------------------------------------------
 # The tolerances here (1e-5 DDP against one process, 1e-6 resume, float32 "exact") were set on CPU in float32;
 # on a GPU box `device=auto` would run the tests on CUDA with bf16 autocast, and the DDP test's rank 1 would

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, ctrl_c_as_in_a_terminal
 from tests.core.test_cli import assert_one_line_error
 
 
@@ -123,7 +123,8 @@ def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", PAUSE_AT_TORCH, "run", "linreg_icl", "preset=smoke",
                              f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+                            preexec_fn=ctrl_c_as_in_a_terminal)
     first = proc.stderr.readline()  # the signal goes only once the import is waiting for it
     assert first == "importing torch\n", first + proc.communicate(timeout=120)[1][-3000:]
     proc.send_signal(signal.SIGINT)

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from experiments.core import progress
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, ctrl_c_as_in_a_terminal
 from tests.in_process import compose
 
 # linreg_icl at preset=smoke, as small as the phases allow: two training steps, one grid task
@@ -76,7 +76,8 @@ def _interrupt_cli(run_dir, where: str, sig: signal.Signals) -> tuple[subprocess
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "linreg_icl", "preset=smoke", *OVERRIDES,
                              "device=cpu", f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "HYDRA_FULL_ERROR": "0", progress.PAUSE_ENV: where})
+                            env={**os.environ, "HYDRA_FULL_ERROR": "0", progress.PAUSE_ENV: where},
+                            preexec_fn=ctrl_c_as_in_a_terminal)
     guard = threading.Timer(600, proc.kill)  # only against a hang: the test itself waits on the pause line
     guard.start()
     try:
