@@ -133,6 +133,10 @@ HYDRA_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--re
                "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
 
 
+# Hydra's flags that print or inspect one config instead of running: not with -m
+ONE_CONFIG_FLAGS = ("--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
+
+
 def _check_flags(name: str, overrides: list[str]) -> None:
     """`--preset cpu` (or `--seed=1`): argparse-style options are not Hydra overrides, and Hydra's answer
     is its eight-line usage. Say the override it meant, or that the option is unknown."""
@@ -243,6 +247,10 @@ def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple
     _check_schema_registered(name)
     _check_flags(name, overrides)
     hydra_flags = [o for o in overrides if o.startswith("-")]
+    shown = [f for f in hydra_flags if f.split("=", 1)[0] in ONE_CONFIG_FLAGS]
+    if multirun and shown:  # Hydra's answer is a traceback ("Only one of --run, --multirun, --cfg ...")
+        raise UserError(f"{shown[0]} shows one job's config, and -m sweeps: drop -m and give each key one value "
+                        f"(icl-exp run {name} KEY=VALUE {shown[0]}{' job' if shown[0] in ('--cfg', '-c') else ''})")
     plain = [o for o in overrides if not o.startswith("-")]
     if hydra_flags:
         plain = [o for o in plain if "=" in o]  # `--cfg job` etc. take a word after them

@@ -64,6 +64,13 @@ def test_first_hour_bad_input(icl_inprocess, tmp_path, args, fragments):
     assert not (tmp_path / "run").exists()
 
 
+def test_cfg_with_a_sweep_is_one_line(icl_inprocess, tmp_path):
+    """`--cfg job` prints one job's config; with -m Hydra raised a ValueError traceback."""
+    proc = icl_inprocess("run", "linreg_icl", "-m", "seed=0,1", "--cfg", "job", f"hydra.sweep.dir={tmp_path / 'run'}")
+    assert_one_line_error(proc, "--cfg shows one job's config", "drop -m", "icl-exp run linreg_icl KEY=VALUE --cfg job")
+    assert not (tmp_path / "run").exists()
+
+
 def test_device_cuda_without_cuda_fails_before_the_run_folder(icl_inprocess, tmp_path):
     import torch
 
