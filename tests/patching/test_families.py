@@ -127,3 +127,24 @@ def test_a_family_without_an_adapter_or_llama_names_is_refused_before_loading():
     with pytest.raises(UserError, match="model_type 'gemma2' has no context-patching adapter; supported: "):
         architectures.require(config)
     assert "gemma2" not in LLAMA_STYLE
+
+
+def test_the_check_runs_the_layer_where_the_layer_is():
+    """On a GPU the check's random inputs must be on the layer's device (made on the CPU they refused every
+    model: "its forward failed in float64"). No second real device here: the meta device stands in, where the
+    forward runs on shapes alone and only the comparison of values cannot."""
+    from experiments.patching.arch import check
+    from experiments.zoo.loading import load_model
+
+    def to_meta(value):
+        if isinstance(value, torch.Tensor):
+            return value.to("meta")
+        if isinstance(value, tuple | list):
+            return type(value)(to_meta(v) for v in value)
+        return {k: to_meta(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    model = load_model("tiny-llama").model
+    layers = llama.ADAPTER.layers(model)
+    args, kwargs = check._layer_calls(model, layers, [0])[0]
+    why = check._check_layer(layers[0].to("meta"), llama.ADAPTER, to_meta(args), to_meta(kwargs))
+    assert why is not None and "forward failed" not in why and "meta tensors" in why, why

@@ -142,9 +142,9 @@ def _check_layer(layer: nn.Module, adapter: BlockAdapter, args: tuple, kwargs: d
         return missing
     layer = _layer64(layer)
     args, kwargs = _float64(args), _float64(kwargs)
-    shape = (args[0] if args else kwargs["hidden_states"]).shape
-    gen = torch.Generator().manual_seed(1)
-    h_c, h = (torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(2))
+    hidden = args[0] if args else kwargs["hidden_states"]
+    gen = torch.Generator().manual_seed(1)  # on the CPU, the same draws on any device; then where the layer is
+    h_c, h = (torch.randn(hidden.shape, generator=gen, dtype=torch.float64).to(hidden.device) for _ in range(2))
     try:
         with_c, alone = _run(adapter, layer, args, kwargs, h_c, {}), _run(adapter, layer, args, kwargs, h, {})
     except Exception as err:
