@@ -60,6 +60,21 @@ def check_context_length(config, prompt_lengths: list[int], max_new_tokens: int)
                             f"positions, the model has {limit}; use a shorter prompt or fewer new tokens")
 
 
+def check_stop_at_eos(cfg: DictConfig) -> None:
+    """stop_at_eos= is auto, true or false (a string key: `auto` is neither boolean)."""
+    if str(cfg.stop_at_eos).lower() not in ("auto", "true", "false"):
+        raise UserError(f"stop_at_eos={cfg.stop_at_eos} must be auto, true or false")
+
+
+def stop_ids(cfg: DictConfig, bundle) -> set[int]:
+    """End of reply tokens; stop_at_eos=auto: only for trained models (a random one has no notion of a reply's end)."""
+    from experiments.zoo.prompts import stop_token_ids
+
+    value = str(cfg.stop_at_eos).lower()
+    stop = (not bundle.is_random) if value == "auto" else value == "true"
+    return stop_token_ids(bundle) if stop else set()
+
+
 def token_text(tokenizer, token_id: int) -> str:
     """The token as text; its raw vocabulary entry when it is a fragment of a multi-byte character."""
     text = tokenizer.decode([token_id])

@@ -41,7 +41,7 @@ BF16_FITTED_TOP1 = 0.9  # bfloat16: top-1 agreement at the fitted positions that
 def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists: the model, its architecture, k against its rank."""
     from experiments.core.runtime import resolve_device, resolve_dtype
-    from experiments.goldwaser.common import prompt_list
+    from experiments.goldwaser.common import check_stop_at_eos, prompt_list
     from experiments.goldwaser.context_compile_measure import sweep_ks
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import rank_limit
@@ -56,8 +56,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"k={ks[0]} must be at least 1 (k and every value of sweep=)")
     if int(cfg.heldout) < 0:
         raise UserError(f"heldout={cfg.heldout} must be 0 or more")
-    if str(cfg.stop_at_eos) not in ("auto", "True", "False", "true", "false"):
-        raise UserError(f"stop_at_eos={cfg.stop_at_eos} must be auto, true or false")
+    check_stop_at_eos(cfg)
     prompt_list(cfg)
     config = check_model(str(cfg.model), resolve_dtype(str(cfg.get("dtype", "float32"))),
                          resolve_device(str(cfg.get("device", "auto"))))
@@ -71,18 +70,9 @@ def validate(cfg: DictConfig) -> None:
                         f"(k ≤ {limit})")
 
 
-def _stops(cfg: DictConfig, bundle) -> set[int]:
-    """End of reply tokens; `auto`: only for trained models (a random one has no notion of a reply's end)."""
-    from experiments.zoo.prompts import stop_token_ids
-
-    value = str(cfg.stop_at_eos).lower()
-    stop = (not bundle.is_random) if value == "auto" else value == "true"
-    return stop_token_ids(bundle) if stop else set()
-
-
 # -- the run --------------------------------------------------------------------------------------
 def run(cfg: DictConfig, ctx: RunContext) -> None:
-    from experiments.goldwaser.common import prompt_list
+    from experiments.goldwaser.common import prompt_list, stop_ids
     from experiments.goldwaser.context_compile_measure import compile_prompt
     from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
@@ -92,7 +82,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     prompts = prompt_list(cfg)
     with threads_for(bundle.model):
         for p, text in enumerate(prompts):
-            compile_prompt(cfg, ctx, bundle, p, text, _stops(cfg, bundle),
+            compile_prompt(cfg, ctx, bundle, p, text, stop_ids(cfg, bundle),
                            save_to=ctx.run_dir if (p == 0 and bool(cfg.save)) else None)
     check_claims(cfg, ctx, ctx.metrics())
 

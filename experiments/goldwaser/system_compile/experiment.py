@@ -34,7 +34,6 @@ from experiments.core.results import RunContext
 
 log = logging.getLogger(__name__)
 GENERATIONS_FILE = "generations.json"  # every method's free generations, per system prompt and split
-STOP_WORDS = ("auto", "true", "false")
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -109,7 +108,7 @@ def check_lora_targets(config, targets: list[str], model: str) -> None:
 def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists and before any model is loaded."""
     from experiments.core.runtime import resolve_device, resolve_dtype
-    from experiments.goldwaser.patch_match import check_context_length
+    from experiments.goldwaser.common import check_context_length, check_stop_at_eos
     from experiments.goldwaser.system_compile.inputs import check_template, encode, split
     from experiments.patching.arch import adapter_for
     from experiments.zoo.loading import check_model
@@ -133,8 +132,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"methods={methods} must name analytic and/or bake, each once")
     if cfg.save is not None and str(cfg.save) not in methods:
         raise UserError(f"save={cfg.save} is not among methods={methods}")
-    if str(cfg.stop_at_eos).lower() not in STOP_WORDS:
-        raise UserError(f"stop_at_eos={cfg.stop_at_eos} must be auto, true or false")
+    check_stop_at_eos(cfg)
     if "bake" in methods and (not isinstance(cfg.lora_targets, (list, ListConfig)) or not cfg.lora_targets):
         raise UserError("lora_targets= is empty: the LoRA needs the modules it adapts, e.g. "
                         "[gate_proj,up_proj,down_proj]")
@@ -152,19 +150,11 @@ def validate(cfg: DictConfig) -> None:
     check_context_length(config, lengths, int(cfg.max_new_tokens))
 
 
-def _stops(cfg: DictConfig, bundle) -> set[int]:
-    """End of reply tokens; `auto`: only for trained models (a random one has no notion of a reply's end)."""
-    from experiments.zoo.prompts import stop_token_ids
-
-    value = str(cfg.stop_at_eos).lower()
-    stop = (not bundle.is_random) if value == "auto" else value == "true"
-    return stop_token_ids(bundle) if stop else set()
-
-
 # -- the run --------------------------------------------------------------------------------------
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.core.atomic import write_json_atomic
     from experiments.core.progress import progress
+    from experiments.goldwaser.common import stop_ids
     from experiments.goldwaser.system_compile.checkpoint import save_checkpoint
     from experiments.goldwaser.system_compile.claims import check_claims
     from experiments.goldwaser.system_compile.inputs import encode, split
@@ -174,15 +164,14 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
 
-    validate(cfg)
-    ctx.model = model_label(str(cfg.model))
+    ctx.model = model_label(str(cfg.model))  # validate() ran once, on the command line (cli/overrides.check_job)
     prompts = system_prompts(cfg)
     fit, held = split(cfg)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     model, tok = bundle.model, bundle.tokenizer
     adapter = adapter_for(model.config.model_type)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    gen = Generation(int(cfg.max_new_tokens), frozenset(_stops(cfg, bundle)), int(pad),
+    gen = Generation(int(cfg.max_new_tokens), frozenset(stop_ids(cfg, bundle)), int(pad),
                      functools.partial(tok.decode, skip_special_tokens=True))
     save = functools.partial(save_checkpoint, cfg) if cfg.save is not None else None
     generations: dict = {}
