@@ -276,3 +276,13 @@ def test_qwen_ahoy_compiles_analytically_into_a_stock_checkpoint(tmp_path):
     claims = pd.read_csv(out / "claims.csv").set_index("id")
     assert claims.loc[["system_compile.checkpoint.reproduced", "system_compile.checkpoint.same_generations"],
                       "passed"].all()
+
+
+def test_reply_logits_of_a_float64_model_stay_float64():
+    """The reload check compares logits at float64's rounding (1e-12): a float32 step would round them first."""
+    from experiments.goldwaser.system_compile.replies import reply_logits
+    from experiments.zoo.loading import load_model
+
+    for dtype, want in ((torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
+        model = load_model("tiny-llama", dtype).model
+        assert reply_logits(model, (1, 2, 3), [4, 5]).dtype == want

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from experiments.patching.compare import comparable
 from experiments.patching.patcher import _cache_name  # the KV cache's keyword: `cache` from transformers 5.24
 
 
@@ -62,11 +63,12 @@ def _generate_batch(model, inputs, max_new, stop_ids, pad_id, generator, tempera
 
 @torch.no_grad()
 def reply_logits(model: nn.Module, prefix: tuple[int, ...], reply: list[int] | tuple[int, ...]) -> Tensor:
-    """The logits (len(reply), V), float32, of `model` fed `prefix` and the reply teacher-forced: row i is
-    the next-token distribution that predicts reply[i]."""
+    """The logits (len(reply), V) of `model` fed `prefix` and the reply teacher-forced, in the dtype they are
+    compared in (float32; float64 for a float64 model): row i is the next-token distribution that predicts
+    reply[i]."""
     device = next(model.parameters()).device
     ids = torch.tensor([[*prefix, *reply[:-1]]], device=device)
-    return model(input_ids=ids, use_cache=False, logits_to_keep=len(reply)).logits[0].float()
+    return comparable(model(input_ids=ids, use_cache=False, logits_to_keep=len(reply)).logits[0])
 
 
 def kl_rows(reference: Tensor, got: Tensor) -> Tensor:
