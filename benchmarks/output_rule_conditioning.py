@@ -47,7 +47,9 @@ def main() -> None:
     import torch
 
     from experiments.core.runtime import resolve_dtype
+    from experiments.patching.kinds import OUTER_WEIGHT, SCALE
     from experiments.patching.patcher import Patcher
+    from experiments.patching.rules.scale import scale_input
     from experiments.zoo.loading import load_model
     from experiments.zoo.prompts import encode_prompt
 
@@ -55,6 +57,9 @@ def main() -> None:
     bundle = load_model(a.model, resolve_dtype(a.dtype), "cpu")
     patcher = Patcher(bundle.model, "naive")
     adapter = patcher.adapter
+    if adapter.output_rule not in (OUTER_WEIGHT, SCALE):
+        sys.exit(f"{a.model}: its output rule is {adapter.output_rule}; this table is for Thm 9 (outer weight) "
+                 f"and Thm 10 (scale)")
     ids = encode_prompt(bundle, PROMPT)["input_ids"]
     cache, query = patcher.prefill({"input_ids": ids[:, :-1]}), ids[:, -1:]
     norms: dict = {}
@@ -72,19 +77,19 @@ def main() -> None:
             for name in adapter.input_matrices:
                 W = layer.get_parameter(name).double()
                 dW = keep[prefix + name].double() - W
-                in_gain = max(in_gain, float(torch.linalg.matrix_norm(dW, ord=2)) / spectral(W, norms, prefix + name))
+                # ΔW is rank 1: its Frobenius norm is its 2-norm, without an SVD per layer and token
+                in_gain = max(in_gain, float(torch.linalg.matrix_norm(dW)) / spectral(W, norms, prefix + name))
             row.setdefault("in_gain", []).append(in_gain)
             P = layer.get_parameter(adapter.output_param).double()
             dP = keep[prefix + adapter.output_param].double() - P
-            if P.dim() == 2:  # Thm 9: W_down
+            if adapter.output_rule == OUTER_WEIGHT:  # Thm 9: W_down
                 y = cap.values["y"].double()
                 row.setdefault("|y|", []).append(float(y.norm()))
-                row.setdefault("out_gain", []).append(float(torch.linalg.matrix_norm(dP, ord=2))
+                row.setdefault("out_gain", []).append(float(torch.linalg.matrix_norm(dP))  # rank 1, as ΔW
                                                       / spectral(P, norms, prefix + adapter.output_param))
             else:  # Thm 10: the post-MLP scale (Gemma stores m − 1)
-                offset = 1.0 if "Gemma" in type(adapter.owner(layer)).__name__ else 0.0
-                d = cap.values["d"].double()
-                h = d / d.square().mean().sqrt()
+                offset = adapter.scale_offset
+                h = scale_input(adapter.owner(layer), cap.values["d"], torch.float64)
                 row.setdefault("min|h|", []).append(float(h.abs().min()))
                 row.setdefault("out_gain", []).append(float((P + offset + dP).abs().max() / (P + offset).abs().max()))
         query = logits.argmax().view(1, 1)
