@@ -7,7 +7,10 @@ on the fused matrix, both halves at once. W_down absorbs r (Thm 9). The residual
 eval mode.
 """
 
-from experiments.patching.arch.base import LINEAR, OUTER_WEIGHT, BlockAdapter, tiny_common
+from dataclasses import replace
+
+from experiments.patching.arch import llama
+from experiments.patching.arch.base import LINEAR, tiny_common
 
 
 def tiny_config(vocab_size: int):
@@ -19,17 +22,8 @@ def tiny_config(vocab_size: int):
                       **tiny_common(vocab_size))
 
 
-ADAPTER = BlockAdapter(
-    model_types=("phi3",),
-    family="Phi-3",
-    decoder=lambda model: model.model,
-    layers_attr="layers",
-    input_matrices={"mlp.gate_up_proj.weight": LINEAR},
-    output_rule=OUTER_WEIGHT,
-    output_param="mlp.down_proj.weight",
-    residual_at="post_attention_layernorm",
-    captures={"y": ("mlp.down_proj", "input")},
-    theorem="Thm 7 (fused gate/up) + Thm 9 (outer weight)",
-    tiny_model="tiny-phi3",
-    tiny_config=tiny_config,
-)
+# Llama's adapter with the fused input matrix: everything else (W_down, the residual, the capture) is Llama's
+ADAPTER = replace(llama.ADAPTER, model_types=("phi3",), family="Phi-3",
+                  input_matrices={"mlp.gate_up_proj.weight": LINEAR},
+                  theorem="Thm 7 (fused gate/up) + Thm 9 (outer weight)", tiny_model="tiny-phi3",
+                  tiny_config=tiny_config)
