@@ -99,7 +99,11 @@ def compile_(ctx: typer.Context) -> None:
     launch("context_compile", [*defaults, *overrides], multirun=False)
 
 
-SYSTEM_METHODS = ("analytic", "bake")
+def _system_methods() -> tuple[str, ...]:
+    """system_compile's methods, from its schema's Enum (no torch behind that import)."""
+    from experiments.goldwaser.system_compile.schema import Method
+
+    return tuple(m.value for m in Method)
 
 
 def system_compile_overrides(method: str, overrides: list[str]) -> list[str]:
@@ -107,8 +111,8 @@ def system_compile_overrides(method: str, overrides: list[str]) -> list[str]:
     kept in the run folder; one line when the method or the system prompt is missing."""
     from cli.output import fail
 
-    if method not in SYSTEM_METHODS:
-        fail(f"method={method} is not one of {', '.join(SYSTEM_METHODS)}")
+    if method not in _system_methods():
+        fail(f"method={method} is not one of {', '.join(_system_methods())}")
     if not any(a.startswith("system=") for a in overrides):
         fail("patch compile method=... compiles one system prompt: give system=TEXT and "
              "check=french|starts_with:WORD|uppercase|json")
