@@ -47,6 +47,13 @@ class Experiment:
     # a config key that, when set, names the run folder (patch_export's `out`): the CLI makes it hydra.run.dir
     run_dir_key: str | None = None
 
+    @property
+    def figures_label(self) -> str:
+        """`figures` for a heading or a log line: a note written in parentheses ("(checkpoint)") without them,
+        since those add their own."""
+        f = self.figures
+        return f[1:-1] if f.startswith("(") and f.endswith(")") else f
+
 
 def experiment_names() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))

@@ -126,8 +126,7 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
             record["dtype"] = dtype_name(ctx.dtype)
             write_json_atomic(run_json, record)
             seed_everything(int(cfg.get("seed", 0)))
-            what = exp.figures[1:-1] if exp.figures.startswith("(") and exp.figures.endswith(")") else exp.figures
-            log.info("%s: %s -> %s", name, what, run_dir)  # "patch_export: checkpoint -> ...", never "((...))"
+            log.info("%s: %s -> %s", name, exp.figures_label, run_dir)  # "patch_export: checkpoint -> ..."
             log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
             progress.phase("experiment")
             exp.run(cfg, ctx)

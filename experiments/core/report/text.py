@@ -120,13 +120,12 @@ def _paper_titles() -> dict[str, str]:
 
 
 def figures_of(name: str) -> str:
-    """The paper's figures an experiment reproduces ("Fig. 2"), or nothing for an unregistered one; a note the
-    registry writes in parentheses ("(checkpoint)") without them, since the headings add their own."""
+    """The paper's figures an experiment reproduces ("Fig. 2"), as a heading shows them (Experiment.figures_label),
+    or nothing for an unregistered one."""
     try:
-        figures = registry.get(name).figures
+        return registry.get(name).figures_label
     except Exception:
         return ""
-    return figures[1:-1] if figures.startswith("(") and figures.endswith(")") else figures
 
 
 def runs_of(report: Report, package: str) -> list[Run]:
