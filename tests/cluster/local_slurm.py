@@ -17,14 +17,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.apt import Unavailable, apt_install
+
 CONF_TEMPLATE = Path(__file__).with_name("slurm.conf")
 PROGRAMS = ("sbatch", "squeue", "scancel", "srun", "sinfo", "slurmctld", "slurmd", "munged")
 PACKAGES = ("slurm-wlm", "munge")
 DAEMON_DIRS = ("/usr/sbin", "/sbin")  # slurmctld, slurmd and munged live in sbin, often not on a user's PATH
 
-
-class Unavailable(Exception):
-    """This machine cannot run the daemons; the message says what is missing, in one line."""
 
 
 def which(program: str) -> str | None:
@@ -54,17 +53,10 @@ def ensure_installed(log=print) -> float:
         raise Unavailable(reason)
     if not missing_programs():
         return 0.0
-    t0 = time.perf_counter()
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    log(f"installing {' '.join(PACKAGES)} with apt-get (missing: {', '.join(missing_programs())})")
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES]):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise Unavailable(f"`{' '.join(cmd)}` failed: {last}")
+    took = apt_install(PACKAGES, log, why=f"missing: {', '.join(missing_programs())}")
     if missing_programs():
         raise Unavailable(f"after apt-get install {' '.join(PACKAGES)}, still missing: {', '.join(missing_programs())}")
-    return time.perf_counter() - t0
+    return took
 
 
 def _free_port() -> int:

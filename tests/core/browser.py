@@ -12,8 +12,9 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from tests.apt import Unavailable, apt_install
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 PACKAGE = "chromium"  # Debian's
@@ -21,10 +22,6 @@ PACKAGE = "chromium"  # Debian's
 # (QUIC, component updates, sync, first-run pages): on a closed network those would be refused or wait.
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars")
-
-
-class Unavailable(Exception):
-    """Chromium is not here and cannot be installed here; the message says why, in one line."""
 
 
 def find_browser() -> str | None:
@@ -47,17 +44,10 @@ def ensure_installed(log=print) -> float:
     reason = why_not_installable()
     if reason:
         raise Unavailable(reason)
-    t0 = time.perf_counter()
-    log(f"installing {PACKAGE} with apt-get (no {' / '.join(BROWSERS)} on the PATH)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", PACKAGE]):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise Unavailable(f"`{' '.join(cmd)}` failed: {last}")
+    took = apt_install([PACKAGE], log, why=f"no {' / '.join(BROWSERS)} on the PATH")
     if find_browser() is None:
         raise Unavailable(f"after apt-get install {PACKAGE}, still no {' / '.join(BROWSERS)} on the PATH")
-    return time.perf_counter() - t0
+    return took
 
 
 def screenshot_html(page: Path, png: Path, width: int = 1280, height: int = 2400, timeout: float = 180) -> Path:
