@@ -77,7 +77,7 @@ class SystemCompile:
     # analytic
     fit_positions: FitPositions = FitPositions.suffix
     analytic_rank: int | None = None  # truncate every fitted ΔW to this rank (null: as least squares gives it)
-    ridge: float = 0.0  # Tikhonov λ / mean ‖row‖² of the matrices' least squares (0: the lemma's pseudo-inverse)
+    ridge: float = 0.0  # Tikhonov λ / mean ‖row‖² for the input matrices and an outer W_down (0: the lemma's pinv)
     # bake (peft LoRA)
     rank: int = 8
     alpha: float = 16.0
