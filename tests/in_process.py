@@ -10,8 +10,9 @@ import pandas as pd
 from omegaconf import DictConfig
 
 
-def compose(name: str, *overrides: str, preset: str = "smoke") -> DictConfig:
-    """The config `icl-exp run NAME preset=PRESET OVERRIDES` composes (Hydra's compose API)."""
+def compose_config(name: str, *overrides: str) -> DictConfig:
+    """The config `icl-exp run NAME OVERRIDES` composes (Hydra's compose API), nothing added: what
+    `--cfg job` prints."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -20,7 +21,12 @@ def compose(name: str, *overrides: str, preset: str = "smoke") -> DictConfig:
 
     register_schemas()  # the schemas hold the keys and their defaults
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("config", [f"experiment={name}", f"preset={preset}", "device=cpu", *overrides])
+        return hydra_compose("config", [f"experiment={name}", *overrides])
+
+
+def compose(name: str, *overrides: str, preset: str = "smoke") -> DictConfig:
+    """The config `icl-exp run NAME preset=PRESET OVERRIDES` composes, on the CPU (the tests' device)."""
+    return compose_config(name, f"preset={preset}", "device=cpu", *overrides)
 
 
 def run_claims(name: str, run_dir: Path, *overrides: str, preset: str = "smoke") -> pd.DataFrame:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.core.config_schema import register_schemas
 from experiments.core.registry import CONF_DIR, experiment_names
+from tests.in_process import compose_config
 
 SNAPSHOTS = Path(__file__).parent / "cfg_snapshots"
 PRESETS = sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml"))
@@ -25,11 +25,7 @@ PRESETS = sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml"))
 
 def job_config(name: str, preset: str) -> str:
     """What `icl-exp run NAME preset=PRESET --cfg job` prints (Hydra's own key left out)."""
-    from hydra import compose, initialize_config_dir
-
-    register_schemas()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return OmegaConf.to_yaml(compose("config", [f"experiment={name}", f"preset={preset}"]))
+    return OmegaConf.to_yaml(compose_config(name, f"preset={preset}"))
 
 
 def snapshot(name: str, preset: str) -> Path:

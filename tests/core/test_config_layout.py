@@ -9,16 +9,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.core.config_schema import register_schemas
 from experiments.core.registry import CONF_DIR, experiment_names
+from tests.in_process import compose_config
 
 
 def paper_config(name: str):
-    from hydra import compose, initialize_config_dir
-
-    register_schemas()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", [f"experiment={name}"])
+    return compose_config(name)
 
 
 def leaves(node: dict, prefix: str = ""):
