@@ -16,6 +16,7 @@ from experiments.core.report.collect import Report
 from experiments.core.report.markdown import md_cell, runs_table
 from experiments.core.report.runs import preset_rank, rel
 from experiments.core.report.text import (
+    CLAIM_HEADER,
     CONSTRUCTION_NOTE,
     claim_cells,
     not_run,
@@ -26,7 +27,8 @@ from experiments.core.report.text import (
     summary_line,
 )
 
-CLAIMS_HEADER = ["Experiment", "Claim", "Ref", "Paper", "Measured", "Tolerance", "Result", "Preset", "Model"]
+# the report's claim columns without Run (the runs table above names them), the experiment first
+CLAIMS_HEADER = ["Experiment", *(c for c in CLAIM_HEADER if c != "Run")]
 # The figures the README and the paper pages show, redrawn with the page: experiment -> (the figure its
 # shown run drew (a sweep's combined one), the name it gets in docs/figures/)
 DOC_FIGURES = {
@@ -60,8 +62,8 @@ def claims_table(rows) -> list[str]:
     """One Markdown row per shown claim (a sweep's jobs folded: the range they measured, how many failed)."""
     lines = ["| " + " | ".join(CLAIMS_HEADER) + " |", "|" + "---|" * len(CLAIMS_HEADER)]
     for _, r in rows.iterrows():
-        c = claim_cells(r)
-        cells = (r["experiment"], c[0], c[1], c[2], c[3], c[4], c[5], c[7], c[8])
+        c = dict(zip(CLAIM_HEADER, claim_cells(r), strict=True))
+        cells = (r["experiment"], *(c[h] for h in CLAIMS_HEADER[1:]))
         lines.append("| " + " | ".join(md_cell(x) for x in cells) + " |")
     return lines + [""]
 
