@@ -14,14 +14,20 @@ from experiments.core.results import RunContext
 from experiments.patching.variants import VARIANTS
 
 
+def text_list(value, key: str, item: str):
+    """A list key's value, or for a string the lines of that text file (blank lines skipped): `prompts=`,
+    `queries=` take either. The list itself is returned as given (a ListConfig stays one)."""
+    if not isinstance(value, str):
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise UserError(f"{key}={value!r}: no such file (give a list like [a,b] or a file, one {item} a line)")
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
 def prompt_list(cfg: DictConfig) -> list[str]:
     """The Fig. 3 prompt first, then `prompts` (a list, or a text file with one prompt per line)."""
-    extra = cfg.get("prompts") or []
-    if isinstance(extra, str):
-        path = Path(extra).expanduser()
-        if not path.is_file():
-            raise UserError(f"prompts={extra!r}: no such file (give a list like [a,b] or a file, one prompt a line)")
-        extra = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    extra = text_list(cfg.get("prompts") or [], "prompts", "prompt")
     return [str(cfg.prompt), *[str(p) for p in extra]]
 
 

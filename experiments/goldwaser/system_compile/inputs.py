@@ -11,11 +11,11 @@ turn's opening): `shared` counts them, so the two sequences' positions can be al
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig
 
 from experiments.core.errors import UserError
+from experiments.goldwaser.common import text_list
 
 SYSTEM_MARKER = "SYSTEM-PROMPT-MARKER-7f3a"  # rendered to see whether a template keeps a system turn
 
@@ -32,12 +32,7 @@ class QueryIds:
 
 def query_list(cfg: DictConfig) -> list[str]:
     """`queries`: a list, or a text file with one query a line."""
-    queries = cfg.get("queries")
-    if isinstance(queries, str):
-        path = Path(queries).expanduser()
-        if not path.is_file():
-            raise UserError(f"queries={queries!r}: no such file (give a list like [a,b] or a file, one query a line)")
-        queries = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    queries = text_list(cfg.get("queries"), "queries", "query")
     if not isinstance(queries, (list, tuple, ListConfig)):
         raise UserError("queries= must be a list like [a,b] or a path to a text file")
     queries = [str(q) for q in queries]
