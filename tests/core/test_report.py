@@ -361,3 +361,21 @@ def test_with_all_runs_the_docs_figure_is_the_paper_runs_over_a_newer_cpu_run(tm
     copied = page.parent / "figures" / DOC_FIGURES["linreg_icl"][1]
     assert copied.read_bytes() == (runs["paper"] / "figures" / drawn).read_bytes()
     assert copied.read_bytes() != (runs["cpu"] / "figures" / drawn).read_bytes()
+
+
+def test_a_sweep_without_its_combined_figures_gives_the_docs_a_jobs_figure(tmp_path):
+    """A sweep stopped before its combined figures were drawn: the docs' figure is a job's own, as the report's."""
+    from experiments.core.report.results_page import DOC_FIGURES
+
+    root = tmp_path / "results"
+    sweep = root / "linreg_icl" / "multirun" / "s1"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    job = make_run(sweep / "0", "linreg_icl", "2026-01-02T00:00:00",
+                   [claim("dherin.fig2.patch_equals_context", 0.1, True)], figure=True)
+    shutil.copyfile(job / "figures" / "fig.png", job / "figures" / DOC_FIGURES["linreg_icl"][0])
+    page = tmp_path / "docs" / "results.md"
+    proc = run_cli("report", str(root), "--results-md", str(page))
+    assert proc.returncode == 0, proc.stderr
+    copied = page.parent / "figures" / DOC_FIGURES["linreg_icl"][1]
+    assert copied.read_bytes() == (job / "figures" / "fig.png").read_bytes()

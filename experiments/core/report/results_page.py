@@ -14,7 +14,7 @@ from pathlib import Path
 from experiments.core.atomic import write_text_atomic
 from experiments.core.report.collect import Report
 from experiments.core.report.markdown import md_cell, runs_table
-from experiments.core.report.runs import preset_rank, rel
+from experiments.core.report.runs import Run, preset_rank, rel
 from experiments.core.report.text import (
     CLAIM_HEADER,
     CONSTRUCTION_NOTE,
@@ -130,13 +130,16 @@ def copy_doc_figures(report: Report, folder: Path) -> list[Path]:
     jobs: dict[Path, int] = {}
     for run in report.runs:
         jobs[run.unit] = jobs.get(run.unit, 0) + 1
-    shown: dict[str, Path] = {}
+    shown: dict[str, Run] = {}
     for run in sorted(report.runs, key=lambda r: (preset_rank(r.preset), jobs[r.unit], r.start)):
-        shown[run.experiment] = run.unit
+        shown[run.experiment] = run
     written = []
     for experiment, (drawn, name) in DOC_FIGURES.items():
-        source = shown[experiment] / FIGURES_DIR / drawn if experiment in shown else None
-        if source is not None and source.is_file():
+        run = shown.get(experiment)
+        # a sweep's combined figure, else (a sweep stopped before combining) its job's own, as figure_files
+        found = [f for f in (run.unit, run.path) if (f / FIGURES_DIR / drawn).is_file()] if run else []
+        if found:
+            source = found[0] / FIGURES_DIR / drawn
             target = Path(folder) / name
             write_atomic(target, lambda tmp, source=source: shutil.copyfile(source, tmp))
             written.append(target)
