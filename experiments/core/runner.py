@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.core import distributed, progress, registry
+from experiments.core import distributed, precision, progress, registry
 from experiments.core.atomic import write_json_atomic
 from experiments.core.figures import render_run
 from experiments.core.provenance import git_state, host, package_versions
@@ -101,6 +101,7 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
         "host": host(),
         "device": None,
         "dtype": None,
+        "precision": None,
         "seed": cfg.get("seed"),
         "preset": preset,
         "overrides": overrides,
@@ -124,6 +125,8 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
             record["torch_threads"] = torch.get_num_threads()
             record["device"] = describe_device(ctx.device)
             record["dtype"] = dtype_name(ctx.dtype)
+            record["precision"], notes = precision.pin(ctx.device, ctx.dtype, tf32=bool(cfg.get("tf32", False)))
+            ctx.notes.extend(notes)
             write_json_atomic(run_json, record)
             seed_everything(int(cfg.get("seed", 0)))
             log.info("%s: %s -> %s", name, exp.figures_label, run_dir)  # "patch_export: checkpoint -> ..."
@@ -165,9 +168,15 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
 
 
 def _record_precision(record: dict, ctx: RunContext) -> None:
-    """run.json's `precision`: what the experiment says ran (mixed precision), else the dtype itself; and
-    `model`, the model and weights the claims were measured on, where the experiment says."""
-    record["precision"] = ctx.precision or record.get("dtype")
+    """run.json's `precision`: what the experiment says ran (mixed precision), else what the runner pinned
+    (`float32 (IEEE)`, core/precision.py); and `model`, the model and weights the claims were measured on,
+    where the experiment says."""
+    pinned = record.get("precision") or record.get("dtype")
+    said = ctx.precision if ctx.precision != record.get("dtype") else None  # the bare dtype adds nothing
+    if said and pinned and pinned.startswith("tf32") and "tf32" not in said:
+        record["precision"] = f"{said}, {pinned}"  # autocast's float32 parts ran TF32
+    else:
+        record["precision"] = said or pinned
     if ctx.model:
         record["model"] = ctx.model
 
