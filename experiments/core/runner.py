@@ -118,8 +118,13 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     try:
         with _sigterm_interrupts():
             progress.phase("setup")
-            ctx.device = use_device(resolve_device(cfg.get("device", "auto")))  # cuda -> cuda:K, K current
-            ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
+            asked = (str(cfg.get("device", "auto")), str(cfg.get("dtype", "float32")))
+            device, dtype = exp.computes_in or asked  # an experiment that computes in one place says so
+            ctx.device = use_device(resolve_device(device))  # cuda -> cuda:K, K current
+            ctx.dtype = resolve_dtype(dtype)
+            if exp.computes_in and asked[0].lower().startswith("cuda") and ctx.device.type != "cuda":
+                ctx.notes.append(f"{name} computes in {dtype_name(ctx.dtype)} on the {device} whatever device= "
+                                 f"and dtype= say (device={asked[0]} here)")
             if cfg.get("threads"):
                 torch.set_num_threads(int(cfg.threads))
             record["torch_threads"] = torch.get_num_threads()

@@ -91,3 +91,20 @@ def test_an_experiments_mixed_precision_is_kept_and_a_bare_dtype_is_not(tmp_path
         ctx_precision["value"] = value
         runner.run("probe", OmegaConf.create({"seed": 0, "device": "cpu", "dtype": "float32"}), tmp_path, "r", [])
         assert json.loads((tmp_path / "run.json").read_text())["precision"] == expected
+
+
+def test_an_experiment_that_computes_in_one_place_is_recorded_as_it_ran(tmp_path, monkeypatch):
+    """wq_reparam computes in float64 on the CPU whatever the device: run.json said `cuda:0`, `float32`. Its
+    declaration (`computes_in`) gives the run that device and dtype, and the record follows; a CUDA ask
+    is noted. device=cuda would be refused on this machine if the runner still resolved it."""
+    import dataclasses
+
+    assert registry.get("wq_reparam").computes_in == ("cpu", "float64")
+    seen: dict = {}
+    probe = dataclasses.replace(_probe(seen), computes_in=("cpu", "float64"))
+    monkeypatch.setattr(registry, "get", lambda name: probe)
+    cfg = OmegaConf.create({"seed": 0, "device": "cuda", "dtype": "float32"})
+    runner.run("probe", cfg, tmp_path, "r1", [])
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert (record["device"], record["dtype"], record["precision"]) == ("cpu", "float64", "float64 (IEEE)")
+    assert any("computes in float64 on the cpu" in note for note in record["notes"]), record.get("notes")
