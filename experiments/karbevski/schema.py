@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -63,7 +64,9 @@ class GptTrain:
     eval_batch: int = 8
     log_every: int = 10
     checkpoint_every: int = 1000
-    compile: bool = False  # torch.compile
+    # torch.compile: true (refused where Triton, on CUDA, or a C compiler is missing), false, or auto (compiles
+    # where it can, else trains eagerly and says so in the notes)
+    compile: Any = False
 
 
 @dataclass
