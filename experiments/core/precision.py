@@ -58,10 +58,28 @@ def tf32_forced_outside() -> str | None:
     return f"{TF32_ENV}={value}" if value not in ("", "0") else None
 
 
-def pin(device: torch.device, dtype: torch.dtype, tf32: bool = False) -> tuple[str, list[str]]:
-    """Set the run's float32 precision; return what run.json's `precision` says and the notes to print:
-    `float32 (IEEE)`, `float64 (IEEE)`, `tf32` (asked for), `bfloat16` ..., and a note where TF32 had been
-    turned on before the run (now reset) or is forced by the environment (not undoable)."""
+def set_deterministic(on: bool) -> None:
+    """Deterministic kernels (bit-equal reruns, resumes and DDP ranks on CUDA; CPU kernels already are), or
+    torch's default. cuBLAS reads its workspace setting when it starts, which is after the run's setup."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on, warn_only=True)  # an op without a deterministic kernel warns
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = on
+
+
+def pin(device: torch.device, dtype: torch.dtype, tf32: bool = False,
+        deterministic: bool = False) -> tuple[str, list[str]]:
+    """Set the run's float32 precision (and its kernels' determinism); return what run.json's `precision`
+    says and the notes to print: `float32 (IEEE)`, `float64 (IEEE)`, `tf32` (asked for), `bfloat16` ...,
+    `, deterministic` where asked, and a note where TF32 had been turned on before the run (now reset) or is
+    forced by the environment (not undoable)."""
+    set_deterministic(deterministic)
+    said, notes = _pin(device, dtype, tf32)
+    return (f"{said}, deterministic" if deterministic else said), notes
+
+
+def _pin(device: torch.device, dtype: torch.dtype, tf32: bool) -> tuple[str, list[str]]:
     notes = []
     earlier = [path for path in tf32_paths() if "matmul" in path]  # cuDNN's TF32 is torch's default, not a choice
     if earlier and not tf32:

@@ -130,7 +130,8 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
             record["torch_threads"] = torch.get_num_threads()
             record["device"] = describe_device(ctx.device)
             record["dtype"] = dtype_name(ctx.dtype)
-            record["precision"], notes = precision.pin(ctx.device, ctx.dtype, tf32=bool(cfg.get("tf32", False)))
+            record["precision"], notes = precision.pin(ctx.device, ctx.dtype, tf32=bool(cfg.get("tf32", False)),
+                                            deterministic=bool(cfg.get("deterministic", False)))
             ctx.notes.extend(notes)
             write_json_atomic(run_json, record)
             seed_everything(int(cfg.get("seed", 0)))

@@ -76,6 +76,8 @@ class GptWq:
     dtype: Dtype = Dtype.bfloat16  # bf16 autocast over float32 weights, the paper's mixed precision (float32: none)
     # TF32 for the float32 matmuls (a throughput run: no claim here needs IEEE float32); false: IEEE, as every run
     tf32: bool = False
+    # deterministic kernels: bit-equal reruns, resumes and DDP ranks on CUDA (slower; the CPU's already are)
+    deterministic: bool = False
     # baseline_124m | baseline_small_mlp | baseline_small_d | wq_identity_117m | wq_identity_large_mlp (Table 2's
     # columns) | all (the five in one job, with the claims)
     variant: GptVariant = GptVariant.baseline_124m

@@ -7,6 +7,7 @@ own, read back after the runner's setup; the CUDA device is faked where the runn
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ def restore_torch_precision():
     """Leave the process's precision as the test found it (IEEE: other tests' tolerances assume it)."""
     yield
     precision.set_tf32(False)
+    precision.set_deterministic(False)
 
 
 def _probe(seen: dict) -> Experiment:
@@ -108,3 +110,28 @@ def test_an_experiment_that_computes_in_one_place_is_recorded_as_it_ran(tmp_path
     record = json.loads((tmp_path / "run.json").read_text())
     assert (record["device"], record["dtype"], record["precision"]) == ("cpu", "float64", "float64 (IEEE)")
     assert any("computes in float64 on the cpu" in note for note in record["notes"]), record.get("notes")
+
+
+def test_deterministic_kernels_where_a_config_asks_and_only_there(tmp_path, monkeypatch):
+    """gpt_wq's deterministic=true (bit-equal resumes and DDP ranks on CUDA): torch's deterministic algorithms
+    and cuBLAS's deterministic workspace for that run, said in run.json; the next run is back to the default."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # so that the test's end restores what was there
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    seen: dict = {}
+
+    def run(cfg, ctx):
+        seen["deterministic"] = torch.are_deterministic_algorithms_enabled()
+        ctx.log("probe", 1.0)
+
+    monkeypatch.setattr(registry, "get", lambda name: Experiment("probe", "n", "none", "p", run=run,
+                                                                 plot=lambda m, d: []))
+    cfg = OmegaConf.create({"seed": 0, "device": "cpu", "dtype": "float32", "deterministic": True})
+    runner.run("probe", cfg, tmp_path / "a", "r", [])
+    assert seen["deterministic"] and json.loads((tmp_path / "a" / "run.json").read_text())["precision"] == \
+        "float32 (IEEE), deterministic"
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    runner.run("probe", OmegaConf.merge(cfg, {"deterministic": False}), tmp_path / "b", "r", [])
+    assert not seen["deterministic"] and not torch.are_deterministic_algorithms_enabled()
+    from experiments.karbevski.schema import GptWq
+
+    assert GptWq.deterministic is False and GptWq.tf32 is False
