@@ -225,6 +225,28 @@ def _check_model_name(cfg: DictConfig) -> None:
                         f"org/name, e.g. meta-llama/Llama-3.2-1B)")
 
 
+def _this_process_runs_on(cfg: DictConfig) -> None:
+    """A plain run on CUDA runs in this process, on cuda:K or the current GPU: its checks may read that GPU's
+    free memory (zoo/loading.available_bytes), since the context this creates is the run's own. Not for a
+    sweep (its jobs may run in other processes, on other GPUs) nor under torchrun (each rank takes its
+    LOCAL_RANK's GPU later): their checks read the card's total memory, creating no context."""
+    device = str(cfg.get("device", "auto")).lower()
+    if device == "cpu" or not (device == "auto" or device.startswith("cuda")):
+        return
+    import torch
+
+    from experiments.core import distributed, runtime
+
+    if runtime.launched_elsewhere(cfg) or distributed.info().distributed or not torch.cuda.is_available():
+        return
+    try:
+        index = torch.device(device).index if device.startswith("cuda:") else torch.cuda.current_device()
+    except RuntimeError:  # not a device: _check_device says so
+        return
+    if index is not None and 0 <= index < torch.cuda.device_count():
+        runtime.RUN_GPUS.add(index)
+
+
 def _warn_slow_float64(exp: Experiment, configs: list[DictConfig]) -> None:
     """One warning line per GPU for float64 jobs (dtype=float64, or float64 in dtypes=) on a card that runs
     float64 at a small fraction of its float32 rate: not an error, the run is right, only slow."""
@@ -315,6 +337,8 @@ def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple
             known = reference() if isinstance(omegaconf_cause(err), (ConfigKeyError, ConfigAttributeError)) else None
             raise UserError(composition_error(err, name, keys, known)) from None
     exp = registry.get(name)
+    if not multirun and configs:
+        _this_process_runs_on(configs[-1])
     for cfg in configs:
         check_job(exp, cfg)
     _check_parallel_gpus(configs)

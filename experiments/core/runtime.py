@@ -64,7 +64,9 @@ def launched_elsewhere(cfg) -> bool:
     return str(choices.get("hydra/launcher", "")) == "slurm"
 
 
-RUN_GPUS: set[int] = set()  # the GPUs a run in this process has taken (use_device): a CUDA context is there
+# the GPUs a run in this process takes (use_device; a plain run's GPU from the CLI's checks on): a CUDA
+# context there is the run's own, so their free memory may be read (zoo/loading.available_bytes)
+RUN_GPUS: set[int] = set()
 
 
 def use_device(device: torch.device) -> torch.device:

@@ -123,14 +123,15 @@ def parameter_count(config) -> int:
 
 
 def available_bytes(device: torch.device | str) -> int:
-    """Memory a model about to be loaded on `device` can have. A GPU a run in this process has taken
-    (runtime.use_device): its free memory plus what PyTorch's caching allocator holds but no tensor uses (a
-    model freed before, as layer_errors frees its float32 model before the float64 one, or an earlier job of
-    a parallel launcher's lane), after collecting garbage so that a freed model's tensors are back there. Any
-    other GPU (the CLI's checks, before a job that may run in another process or on another GPU): its total
-    memory, since reading the free memory would create a CUDA context there (several hundred MiB, kept for
-    the life of the process: the whole sweep, and on GPU 0 once per torchrun rank); the job checks its free
-    memory before it loads."""
+    """Memory a model about to be loaded on `device` can have. A GPU a run in this process takes
+    (runtime.RUN_GPUS: the run's, or a plain run's from the CLI's checks on): its free memory plus what
+    PyTorch's caching allocator holds but no tensor uses (a model freed before, as layer_errors frees its
+    float32 model before the float64 one, or an earlier job of a parallel launcher's lane), after collecting
+    garbage so that a freed model's tensors are back there. Any other GPU (the CLI's checks of a sweep or a
+    torchrun rank, whose jobs may run in other processes or on other GPUs): its total memory, since reading
+    the free memory would create a CUDA context there (several hundred MiB, kept for the life of the
+    process: the whole sweep, and on GPU 0 once per torchrun rank); the job checks its free memory before
+    it loads."""
     device = torch.device(device)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()

@@ -26,7 +26,9 @@ FAKE = textwrap.dedent("""
         return SimpleNamespace(name=os.environ["FAKE_NAME"], total_memory=int(os.environ["FAKE_TOTAL"]),
                                major=int(major), minor=int(minor))
 
-    def _context(*args, **kwargs):
+    def _context(device=None):
+        if "FAKE_FREE" in os.environ:  # a plain run's own GPU: reading it is allowed
+            return int(os.environ["FAKE_FREE"]), int(os.environ["FAKE_TOTAL"])
         raise AssertionError("the CLI read a GPU's free memory: that creates a CUDA context")
 
     torch.cuda.is_available = lambda: True
@@ -62,25 +64,35 @@ def test_a_gpu_past_the_card_count_is_one_line(tmp_path):
     one_line_refusal(proc, run_dir, "device=cuda:1", "1 GPU here (cuda:0)")
 
 
-def test_a_model_larger_than_the_card_is_refused_without_a_cuda_context(tmp_path):
-    """The CLI's model check on CUDA: against the card's memory (no context); a read of the free memory
+def test_a_model_larger_than_the_card_is_refused_in_a_sweep_without_a_cuda_context(tmp_path):
+    """A sweep's model check on CUDA: against the card's memory (no context); a read of the free memory
     would have raised in the fake, as it created a context on GPU 0 for every job and torchrun rank."""
+    sweep_dir = tmp_path / "sweep"
+    proc = icl_on_fake_gpu(tmp_path, "patch_match", "-m", "preset=smoke", "model=tiny-llama", "device=cuda",
+                           "seed=0,1", f"hydra.sweep.dir={sweep_dir}", total=1 << 10)
+    one_line_refusal(proc, sweep_dir, "model 'tiny-llama'", "on cuda", "use a smaller model")
+
+
+def test_a_plain_run_is_refused_for_its_gpus_free_memory(tmp_path):
+    """A plain run runs in the CLI's process on that GPU: its check reads the free memory there (the
+    context is the run's own), so a model larger than what is free is one line, before any folder."""
     run_dir = tmp_path / "run"
     proc = icl_on_fake_gpu(tmp_path, "patch_match", "preset=smoke", "model=tiny-llama", "device=cuda",
-                           f"hydra.run.dir={run_dir}", total=1 << 10)
+                           f"hydra.run.dir={run_dir}", env={"FAKE_FREE": str(1 << 10)})
     one_line_refusal(proc, run_dir, "model 'tiny-llama'", "on cuda", "use a smaller model")
 
 
 def test_float64_on_a_card_with_slow_float64_warns_once(tmp_path):
     """layer_errors runs float32 and float64: on an RTX 4090 (1/64) one warning, for a sweep of two jobs too;
     on an H100 (1/2) none. `--cfg job` stops after the checks."""
+    free = {"FAKE_FREE": str(24 << 30)}  # a plain run's check reads its own GPU's free memory
     proc = icl_on_fake_gpu(tmp_path, "layer_errors", "preset=smoke", "device=cuda", "--cfg", "job",
-                           card="NVIDIA GeForce RTX 4090", cc="8.9")
+                           card="NVIDIA GeForce RTX 4090", cc="8.9", env=free)
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "1/64" in warnings[0] and "64x longer" in warnings[0], proc.stderr[-3000:]
     assert "layer_errors" in warnings[0] and "RTX 4090" in warnings[0]
-    proc = icl_on_fake_gpu(tmp_path, "layer_errors", "preset=smoke", "device=cuda", "--cfg", "job")
+    proc = icl_on_fake_gpu(tmp_path, "layer_errors", "preset=smoke", "device=cuda", "--cfg", "job", env=free)
     assert proc.returncode == 0 and "warning:" not in proc.stderr, proc.stderr[-3000:]
 
 
