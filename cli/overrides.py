@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -224,6 +225,55 @@ def _check_model_name(cfg: DictConfig) -> None:
                         f"org/name, e.g. meta-llama/Llama-3.2-1B)")
 
 
+def _this_process_runs_on(cfg: DictConfig) -> None:
+    """A plain run on CUDA runs in this process, on cuda:K or the current GPU: its checks may read that GPU's
+    free memory (zoo/loading.available_bytes), since the context this creates is the run's own. Not for a
+    sweep (its jobs may run in other processes, on other GPUs) nor under torchrun (each rank takes its
+    LOCAL_RANK's GPU later): their checks read the card's total memory, creating no context."""
+    device = str(cfg.get("device", "auto")).lower()
+    if device == "cpu" or not (device == "auto" or device.startswith("cuda")):
+        return
+    import torch
+
+    from experiments.core import distributed, runtime
+
+    if runtime.launched_elsewhere(cfg) or distributed.info().distributed or not torch.cuda.is_available():
+        return
+    try:
+        index = torch.device(device).index if device.startswith("cuda:") else torch.cuda.current_device()
+    except RuntimeError:  # not a device: _check_device says so
+        return
+    if index is not None and 0 <= index < torch.cuda.device_count():
+        runtime.RUN_GPUS.add(index)
+
+
+def _warn_slow_float64(exp: Experiment, configs: list[DictConfig]) -> None:
+    """One warning line per GPU for float64 jobs (dtype=float64, or float64 in dtypes=) on a card that runs
+    float64 at a small fraction of its float32 rate: not an error, the run is right, only slow."""
+    said: set[int] = set()
+    for cfg in configs:
+        dtypes = [str(cfg.get("dtype", ""))] + [str(d) for d in (cfg.get("dtypes") or [])]
+        device = str(cfg.get("device", "auto")).lower()
+        if exp.computes_in or not {"float64", "fp64"} & set(dtypes) or device == "cpu":
+            continue
+        import torch
+
+        from experiments.core.distributed import is_main_process
+        from experiments.core.gpu_rates import float64_slowdown
+        from experiments.core.runtime import launched_elsewhere
+
+        if launched_elsewhere(cfg) or not torch.cuda.is_available() or not is_main_process():  # said once
+            continue
+        index = torch.device(device).index if device.startswith("cuda:") else torch.cuda.current_device()
+        slow = float64_slowdown(index) if index not in said else None
+        said.add(index)
+        if slow:
+            ratio, card = slow
+            print(f"warning: dtype=float64 on cuda:{index} ({card}): this card computes float64 at 1/{ratio} of "
+                  f"its float32 rate, so the float64 work of {exp.name} will take about {ratio}x longer than in "
+                  f"float32 (an A100 or H100 runs float64 at 1/2)", file=sys.stderr)
+
+
 def check_job(exp: Experiment, cfg: DictConfig) -> None:
     """Every check of one job's composed config that its types cannot make, in one place: the CLI runs it
     for each job of a command line before any job starts, and the job does not run it again."""
@@ -287,9 +337,12 @@ def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple
             known = reference() if isinstance(omegaconf_cause(err), (ConfigKeyError, ConfigAttributeError)) else None
             raise UserError(composition_error(err, name, keys, known)) from None
     exp = registry.get(name)
+    if not multirun and configs:
+        _this_process_runs_on(configs[-1])
     for cfg in configs:
         check_job(exp, cfg)
     _check_parallel_gpus(configs)
+    _warn_slow_float64(exp, configs)
     cfg = configs[-1] if configs else reference()
     GlobalHydra.instance().clear()
     return exp, cfg

@@ -191,6 +191,7 @@ def hydra_overrides_for_rank() -> list[str]:
 def run_on_worker_rank(exp, cfg, run_dir: Path, run_id: str):
     """What the runner does on ranks other than 0: the same experiment, same config and folder, but a
     context that writes nothing (rank 0 writes run.json, the CSVs and the figures) and seed + rank."""
+    from experiments.core import precision
     from experiments.core.results import RunContext
     from experiments.core.runtime import resolve_device, resolve_dtype, seed_everything
 
@@ -201,6 +202,8 @@ def run_on_worker_rank(exp, cfg, run_dir: Path, run_id: str):
     ctx = WorkerRunContext(run_dir=Path(run_dir), experiment=exp.name, run_id=run_id)
     ctx.device = local_device(resolve_device(cfg.get("device", "auto")))
     ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
+    precision.pin(ctx.device, ctx.dtype, tf32=bool(cfg.get("tf32", False)),
+                  deterministic=bool(cfg.get("deterministic", False)))  # as rank 0's runner pins it
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     seed_everything(int(cfg.get("seed", 0)) + info().rank)

@@ -46,6 +46,9 @@ class Experiment:
     reproduce_sweep: tuple[str, ...] = ()
     # a config key that, when set, names the run folder (patch_export's `out`): the CLI makes it hydra.run.dir
     run_dir_key: str | None = None
+    # (device, dtype) the experiment always computes in, whatever device= and dtype= say (wq_reparam: its
+    # constructions are float64 on the CPU): the runner gives it these, and run.json records what ran
+    computes_in: tuple[str, str] | None = None
 
     @property
     def figures_label(self) -> str:

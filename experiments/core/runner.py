@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.core import distributed, progress, registry
+from experiments.core import distributed, precision, progress, registry
 from experiments.core.atomic import write_json_atomic
 from experiments.core.figures import render_run
 from experiments.core.provenance import git_state, host, package_versions
@@ -101,6 +101,7 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
         "host": host(),
         "device": None,
         "dtype": None,
+        "precision": None,
         "seed": cfg.get("seed"),
         "preset": preset,
         "overrides": overrides,
@@ -117,13 +118,21 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     try:
         with _sigterm_interrupts():
             progress.phase("setup")
-            ctx.device = use_device(resolve_device(cfg.get("device", "auto")))  # cuda -> cuda:K, K current
-            ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
+            asked = (str(cfg.get("device", "auto")), str(cfg.get("dtype", "float32")))
+            device, dtype = exp.computes_in or asked  # an experiment that computes in one place says so
+            ctx.device = use_device(resolve_device(device))  # cuda -> cuda:K, K current
+            ctx.dtype = resolve_dtype(dtype)
+            if exp.computes_in and asked[0].lower().startswith("cuda") and ctx.device.type != "cuda":
+                ctx.notes.append(f"{name} computes in {dtype_name(ctx.dtype)} on the {device} whatever device= "
+                                 f"and dtype= say (device={asked[0]} here)")
             if cfg.get("threads"):
                 torch.set_num_threads(int(cfg.threads))
             record["torch_threads"] = torch.get_num_threads()
             record["device"] = describe_device(ctx.device)
             record["dtype"] = dtype_name(ctx.dtype)
+            record["precision"], notes = precision.pin(ctx.device, ctx.dtype, tf32=bool(cfg.get("tf32", False)),
+                                            deterministic=bool(cfg.get("deterministic", False)))
+            ctx.notes.extend(notes)
             write_json_atomic(run_json, record)
             seed_everything(int(cfg.get("seed", 0)))
             log.info("%s: %s -> %s", name, exp.figures_label, run_dir)  # "patch_export: checkpoint -> ..."
@@ -165,9 +174,15 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
 
 
 def _record_precision(record: dict, ctx: RunContext) -> None:
-    """run.json's `precision`: what the experiment says ran (mixed precision), else the dtype itself; and
-    `model`, the model and weights the claims were measured on, where the experiment says."""
-    record["precision"] = ctx.precision or record.get("dtype")
+    """run.json's `precision`: what the experiment says ran (mixed precision), else what the runner pinned
+    (`float32 (IEEE)`, core/precision.py); and `model`, the model and weights the claims were measured on,
+    where the experiment says."""
+    pinned = record.get("precision") or record.get("dtype")
+    said = ctx.precision if ctx.precision != record.get("dtype") else None  # the bare dtype adds nothing
+    if said and pinned and pinned.startswith("tf32") and "tf32" not in said:
+        record["precision"] = f"{said}, {pinned}"  # autocast's float32 parts ran TF32
+    else:
+        record["precision"] = said or pinned
     if ctx.model:
         record["model"] = ctx.model
 

@@ -64,6 +64,11 @@ def launched_elsewhere(cfg) -> bool:
     return str(choices.get("hydra/launcher", "")) == "slurm"
 
 
+# the GPUs a run in this process takes (use_device; a plain run's GPU from the CLI's checks on): a CUDA
+# context there is the run's own, so their free memory may be read (zoo/loading.available_bytes)
+RUN_GPUS: set[int] = set()
+
+
 def use_device(device: torch.device) -> torch.device:
     """The run's device with its GPU explicit and current: `cuda` becomes cuda:K, K the current GPU (the one
     hydra/launcher=parallel set for this job, experiments/core/parallel_launcher.py), and cuda:K becomes the
@@ -74,6 +79,7 @@ def use_device(device: torch.device) -> torch.device:
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
+    RUN_GPUS.add(device.index)
     return device
 
 

@@ -67,9 +67,12 @@ def layer_calls(model: nn.Module, layers: nn.ModuleList, query: Tensor) -> list[
 
 
 def random_direction(x: Tensor, relative: float, generator: torch.Generator) -> Tensor:
-    """A random δ of norm `relative` · ‖x‖ (drawn in float64, then cast to x's dtype)."""
-    d = torch.randn(x.shape, generator=generator, dtype=torch.float64)
-    return (d * (relative * float(x.double().norm()) / float(d.norm()))).to(x.dtype)
+    """A random δ of norm `relative` · ‖x‖ (drawn in float64, then cast to x's dtype), on x's device. Drawn by
+    the CPU `generator` and then moved: the same δ on every device for a seed (a CUDA generator draws other
+    numbers), so a GPU run measures the gain along the CPU run's direction; the scale is computed where x is,
+    without a read back to the host."""
+    d = torch.randn(x.shape, generator=generator, dtype=torch.float64).to(x.device)
+    return (d * (relative * x.double().norm() / d.norm())).to(x.dtype)
 
 
 @torch.no_grad()

@@ -19,10 +19,11 @@ from omegaconf import DictConfig
 from experiments.core import distributed
 from experiments.core.config_schema import node_values
 from experiments.core.errors import UserError
+from experiments.core.gpu_rates import compile_missing
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
-from experiments.core.runtime import launched_elsewhere, resolve_dtype
+from experiments.core.runtime import launched_elsewhere, resolve_device, resolve_dtype
 from experiments.core.validation import require_positive
 from experiments.data.cache import cache_root
 from experiments.data.corpus import SOURCES, prepare, prepared_folder
@@ -51,13 +52,23 @@ def variant_names(cfg: DictConfig) -> list[str]:
     return list(VARIANTS) if cfg.variant == "all" else [str(cfg.variant)]
 
 
-def settings(cfg: DictConfig, variant_name: str) -> TrainSettings:
+def compile_setting(value, device_type: str) -> tuple[bool, str | None]:
+    """train.compile (true, false or auto) for a run on `device_type`: whether to compile, and for auto
+    where torch.compile cannot work here, why not (validate refuses true there)."""
+    if str(value).lower() != "auto":
+        return bool(value), None
+    missing = compile_missing(device_type)
+    return missing is None, missing and f"train.compile=auto: trained without torch.compile, which needs {missing}"
+
+
+def settings(cfg: DictConfig, variant_name: str, device_type: str = "cpu") -> TrainSettings:
     """This rank's training loop: cfg.train with grad_accum split over the ranks and the variant's weight
     decay where the config leaves it null."""
     node = node_values(cfg.train, GptTrain)
     world = distributed.info().world_size
     wd = VARIANTS[variant_name].weight_decay if node["weight_decay"] is None else node["weight_decay"]
-    return TrainSettings(**node | {"grad_accum": node["grad_accum"] // world, "weight_decay": wd},
+    compile_, _ = compile_setting(node["compile"], device_type)
+    return TrainSettings(**node | {"grad_accum": node["grad_accum"] // world, "weight_decay": wd, "compile": compile_},
                          seed=int(cfg.seed), amp=amp_dtype(cfg))
 
 
@@ -125,7 +136,10 @@ def train_variant(cfg: DictConfig, ctx: RunContext, name: str, data, device: tor
     train_data, val_data, meta = data
     model_cfg = model_config(VARIANTS[name], base_config(cfg))
     log_parameter_counts(ctx, name, model_cfg)
-    s = settings(cfg, name)
+    s = settings(cfg, name, device.type)
+    why = compile_setting(cfg.train.compile, device.type)[1]
+    if why and why not in ctx.notes:
+        ctx.notes.append(why)
     ctx.log("weight_decay", s.weight_decay, variant=name)
     starts = fixed_windows(len(val_data), model_cfg.block_size, int(cfg.train.val_windows),
                            seed=int(cfg.train.val_seed))
@@ -207,6 +221,19 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
                   paper_value=row["paper_value"])
 
 
+def check_compile(cfg: DictConfig) -> None:
+    """train.compile is true, false or auto; true where torch.compile cannot work here is one line (auto
+    falls back to eager training instead). A SLURM job's node is not this machine: not checked here."""
+    value = cfg.train.compile
+    if not isinstance(value, bool) and str(value).lower() != "auto":
+        raise UserError(f"train.compile={value} must be true, false or auto")
+    if value is True and not launched_elsewhere(cfg):
+        missing = compile_missing(resolve_device(str(cfg.get("device", "auto"))).type)
+        if missing:
+            raise UserError(f"train.compile=true: torch.compile needs {missing}, not found here; use "
+                            f"train.compile=auto (compiles where it can, else trains eagerly) or train.compile=false")
+
+
 def require_cuda(cfg: DictConfig, cuda: bool) -> None:
     if cfg.require_gpu and not cuda:
         tokens = cfg.train.steps * cfg.train.micro_batch * cfg.train.grad_accum * cfg.model.block_size
@@ -241,6 +268,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"train.decay_steps={cfg.train.decay_steps} is shorter than the warmup")
     if not launched_elsewhere(cfg):  # a SLURM job checks on its own node (run)
         require_cuda(cfg, torch.cuda.is_available())
+    check_compile(cfg)
     if cfg.data == "openwebtext":
         folder = prepared_folder("openwebtext", str(cfg.tokenizer), cache_root(cfg.cache_dir))
         if not is_prepared(folder):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -63,7 +64,9 @@ class GptTrain:
     eval_batch: int = 8
     log_every: int = 10
     checkpoint_every: int = 1000
-    compile: bool = False  # torch.compile
+    # torch.compile: true (refused where Triton, on CUDA, or a C compiler is missing), false, or auto (compiles
+    # where it can, else trains eagerly and says so in the notes)
+    compile: Any = False
 
 
 @dataclass
@@ -71,6 +74,10 @@ class GptWq:
     """gpt_wq (§5.1, Table 2, Fig. 1): the paper's settings."""
 
     dtype: Dtype = Dtype.bfloat16  # bf16 autocast over float32 weights, the paper's mixed precision (float32: none)
+    # TF32 for the float32 matmuls (a throughput run: no claim here needs IEEE float32); false: IEEE, as every run
+    tf32: bool = False
+    # deterministic kernels: bit-equal reruns, resumes and DDP ranks on CUDA (slower; the CPU's already are)
+    deterministic: bool = False
     # baseline_124m | baseline_small_mlp | baseline_small_d | wq_identity_117m | wq_identity_large_mlp (Table 2's
     # columns) | all (the five in one job, with the claims)
     variant: GptVariant = GptVariant.baseline_124m

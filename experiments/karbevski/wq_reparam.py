@@ -318,4 +318,5 @@ EXPERIMENT = Experiment(
     run=run,
     plot=plot,
     validate=validate,
+    computes_in=("cpu", "float64"),  # random float64 weights built on the CPU, whatever device= and dtype= say
 )

@@ -20,6 +20,7 @@ reachable (probed once, 3 s) or the checkpoint is in the local cache: offline, i
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import socket
 from pathlib import Path
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from experiments.core.errors import UserError, first_line
+from experiments.core.runtime import RUN_GPUS
 from experiments.zoo import architectures, gemma
 from experiments.zoo.bundle import ModelBundle
 from experiments.zoo.bundled_gguf import BUNDLED
@@ -121,9 +123,23 @@ def parameter_count(config) -> int:
 
 
 def available_bytes(device: torch.device | str) -> int:
+    """Memory a model about to be loaded on `device` can have. A GPU a run in this process takes
+    (runtime.RUN_GPUS: the run's, or a plain run's from the CLI's checks on): its free memory plus what
+    PyTorch's caching allocator holds but no tensor uses (a model freed before, as layer_errors frees its
+    float32 model before the float64 one, or an earlier job of a parallel launcher's lane), after collecting
+    garbage so that a freed model's tensors are back there. Any other GPU (the CLI's checks of a sweep or a
+    torchrun rank, whose jobs may run in other processes or on other GPUs): its total memory, since reading
+    the free memory would create a CUDA context there (several hundred MiB, kept for the life of the
+    process: the whole sweep, and on GPU 0 once per torchrun rank); the job checks its free memory before
+    it loads."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in RUN_GPUS:
+            return torch.cuda.get_device_properties(index).total_memory  # no context needed
+        gc.collect()
+        cached = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+        return torch.cuda.mem_get_info(index)[0] + cached
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024

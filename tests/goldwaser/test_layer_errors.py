@@ -83,6 +83,19 @@ def test_gain_of_a_linear_map_is_its_norm_along_delta():
         gain(lambda v: W @ v, x, torch.zeros_like(x))
 
 
+def test_the_random_direction_is_made_where_x_is_and_the_same_on_every_device():
+    """On a GPU, δ drawn on the CPU was added to x on CUDA and every layer_errors run died. The meta device
+    stands in for the second device: δ lands there, and the sum runs there. On the CPU the δ of a seed is the
+    one it always was (drawn by the CPU generator, scaled in float64), so CPU runs stay bit-reproducible."""
+    x = torch.randn(6, generator=torch.Generator().manual_seed(3), dtype=torch.float32)
+    on_meta = random_direction(x.to("meta"), 1e-3, torch.Generator().manual_seed(0))
+    assert on_meta.device.type == "meta" and on_meta.dtype == torch.float32
+    assert (x.to("meta") + on_meta).device.type == "meta"
+    d = torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    expected = (d * (1e-3 * float(x.double().norm()) / float(d.norm()))).to(x.dtype)
+    assert torch.equal(random_direction(x, 1e-3, torch.Generator().manual_seed(0)), expected)
+
+
 @pytest.fixture(scope="module")
 def tiny64():
     from experiments.zoo.loading import load_model

@@ -35,7 +35,7 @@ def test_autocast_follows_the_dtype_on_cuda_too():
 
 def test_run_json_records_the_precision_that_ran(tmp_path, smoke_runs):
     record = json.loads((smoke_runs("gpt_wq") / "run.json").read_text())  # the shared run: dtype=float32
-    assert record["dtype"] == "float32" and record["precision"] == "float32"
+    assert record["dtype"] == "float32" and record["precision"] == "float32 (IEEE)"
     run_dir = tmp_path / "bf16"
     proc = run_cli("run", "gpt_wq", "preset=smoke", "export_hf=false", "dtype=bfloat16", "train.steps=2",
                    f"cache_dir={smoke_runs.root / 'gpt_wq_cache'}", f"hydra.run.dir={run_dir}")

@@ -71,7 +71,7 @@ class MixtureOfExperts(OutputRule):
         gate_up = expert_inputs(adapter, module).detach().double()  # already patched (input side)
         g, u = torch.einsum("kd,eod->keo", z, gate_up).chunk(2, dim=-1)
         ys = module.act_fn(g) * u  # (k, E, n): every expert's outer input
-        a = torch.zeros(z.shape[0], E, dtype=torch.float64)
+        a = torch.zeros(z.shape[0], E, dtype=torch.float64, device=z.device)
         a.scatter_(1, index.long(), weights.double())
         Phi = moe_features(ys, a)
         delta = moe_ls(R, Phi, E)

@@ -4,9 +4,9 @@ at start-up, so the fakes reach the CLI's process and joblib's loky workers alik
 imports this file.
 
 ICL_EXP_FAKE_GPUS=N (N > 0): torch.cuda says there are N GPUs: is_available, device_count, set_device and
-current_device (per process, an ordinal past N refused as CUDA refuses it), get_device_name ("Fake GPU K")
-and mem_get_info (GPU K has K + 1 GiB free, so a memory query shows which GPU it asked about). No tensor
-can go to these GPUs, hence the probe.
+current_device (per process, an ordinal past N refused as CUDA refuses it), get_device_name ("Fake GPU K"),
+get_device_properties (80 GiB, compute capability 9.0) and mem_get_info (GPU K has K + 1 GiB free, so a
+memory query shows which GPU it asked about). No tensor can go to these GPUs, hence the probe.
 
 ICL_EXP_PROBE=DIR: every experiment's body is a probe that computes nothing and records, in DIR/job-K.json,
 where job K ran (the run's device, the current GPU, the free memory the project's memory check reads) and
@@ -23,6 +23,8 @@ PROBE = os.environ.get("ICL_EXP_PROBE")
 
 
 def _fake_cuda(n: int) -> None:
+    from types import SimpleNamespace
+
     import torch
 
     state = {"current": 0}
@@ -50,6 +52,8 @@ def _fake_cuda(n: int) -> None:
     torch.cuda.current_device = lambda: state["current"]
     torch.cuda.get_device_name = lambda device=None: f"Fake GPU {index(device)}"
     torch.cuda.mem_get_info = lambda device=None: ((index(device) + 1) * gib, 80 * gib)
+    torch.cuda.get_device_properties = lambda device=None: SimpleNamespace(
+        name=f"Fake GPU {index(device)}", total_memory=80 * gib, major=9, minor=0)
 
 
 def _probe(cfg, ctx) -> None:
