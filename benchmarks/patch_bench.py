@@ -196,7 +196,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gemma3-1b-random")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--variant", default="closed_loop", help="one variant, or several: naive,stable,...")
+    ap.add_argument("--variant", default="closed_loop", help="one variant, several (naive,stable,...), or all")
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:K (synchronized timings, GPU memory)")
@@ -205,6 +205,10 @@ def main() -> None:
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     a = ap.parse_args()
     variants = a.variant.split(",")
+    if variants == ["all"]:
+        from experiments.patching.variants import VARIANTS
+
+        variants = list(VARIANTS)
     if a.mode:  # one CPU mode in its own process (its own RSS)
         print(json.dumps(one_process(a, [a.mode], variants)))
         return
