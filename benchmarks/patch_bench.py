@@ -75,8 +75,11 @@ class Meter:
         """Start the peak from what is held now (the model); returns that, MB."""
         if not self.cuda:
             return peak_rss_mb(reset=True)
+        import gc
+
         import torch
 
+        gc.collect()  # the previous variant's patcher and steps: not this one's memory
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         return torch.cuda.memory_allocated(self.device) / 2**20

@@ -121,3 +121,32 @@ def test_mfu_takes_the_cards_peak(tmp_path):
     assert pcie["tokens_per_s"] == 2.0e5 and pcie["mfu"] == pytest.approx(2.0e5 * per_token / 756e12)
     assert "mfu" not in summary.throughput(tmp_path, "NVIDIA GeForce GTX 1080")
     assert "mfu" not in summary.throughput(tmp_path, None)
+
+
+class _Stopped(Exception):
+    pass
+
+
+class _Session:
+    """What the gpu session calls on nox's session: error stops, run is recorded."""
+
+    def __init__(self):
+        self.runs, self.posargs = [], []
+
+    def error(self, message):
+        raise _Stopped(message)
+
+    def run(self, *args, **kwargs):
+        self.runs.append(args)
+
+
+def test_nox_gpu_session_stops_in_one_line_without_cuda(monkeypatch):
+    from tests.core.test_setup import _noxfile
+
+    nf = _noxfile(monkeypatch)
+    monkeypatch.setattr(nf.shutil, "which", lambda name: sys.executable)  # the box's python3: this one
+    session = _Session()
+    with pytest.raises(_Stopped) as stopped:
+        nf.gpu(session)
+    assert str(stopped.value).startswith("no CUDA device: torch") and "\n" not in str(stopped.value)
+    assert session.runs == []  # nothing started
