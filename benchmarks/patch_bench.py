@@ -226,6 +226,7 @@ def main() -> None:
     rows = run_all(a, modes, variants)
     print_table(a, rows)
     if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"model": a.model, "dtype": a.dtype, "device": a.device, "tokens": a.tokens,
                                       "target": TARGETS.get(a.model, DEFAULT_TARGET), "rows": rows}, indent=1))
 
