@@ -44,7 +44,7 @@ def test_dry_fake_run_lists_every_step(tmp_path):
     experiments = {n: paper_package(n) for n in experiment_names()}
     phases = plan.build(sys.executable, tmp_path, out, experiments, fake=True)
     names = [s.name for p in phases for lane in p.lanes for s in lane]
-    assert len(names) >= 10 and {"02_pytest_gpu", "22_gemma_match_parallel", "32_gpt_wq_torchrun"} <= set(names)
+    assert len(names) >= 10 and {"02_pytest_gpu", "22_gemma_match_parallel", "30_gpt_wq_torchrun"} <= set(names)
     text = (out / "summary.md").read_text()
     data = json.loads((out / "summary.json").read_text())
     assert sorted(r["name"] for r in data["steps"]) == sorted(names)
@@ -78,16 +78,16 @@ def test_what_failed_goes_to_the_cpu(tmp_path):
     for name, status in (("linreg_icl", "complete"), ("rnn_context", "failed")):
         (Path(smoke.runs) / name).mkdir(parents=True)
         (Path(smoke.runs) / name / "run.json").write_text(json.dumps({"status": status}))
-    results = {smoke.name: "failed", "30_patch_bench_float32": "timed_out", "01_probe": "failed",
-               "32_gpt_wq_torchrun": "passed"}
+    results = {smoke.name: "failed", "31_patch_bench_float32": "timed_out", "01_probe": "failed",
+               "30_gpt_wq_torchrun": "passed"}
     again = {s.name: s for lane in plan.cpu_reruns(phases, results, "python3", tmp_path).lanes for s in lane}
-    assert set(again) == {f"{smoke.name}.cpu", "30_patch_bench_float32.cpu"}  # the probe has no CPU form
+    assert set(again) == {f"{smoke.name}.cpu", "31_patch_bench_float32.cpu"}  # the probe has no CPU form
     rerun = again[f"{smoke.name}.cpu"].argv
     assert rerun[rerun.index("--only") + 1] == "multilayer_ln,rnn_context"  # not the one that completed
-    bench = again["30_patch_bench_float32.cpu"]
+    bench = again["31_patch_bench_float32.cpu"]
     assert bench.env == {"CUDA_VISIBLE_DEVICES": ""} and "cuda" not in " ".join(bench.argv)
     assert "cuda" in " ".join(next(s for p in phases for lane in p.lanes for s in lane
-                                   if s.name == "30_patch_bench_float32").argv)
+                                   if s.name == "31_patch_bench_float32").argv)
 
 
 def test_the_summary_tells_a_cuda_problem_from_one_of_both():
