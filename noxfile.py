@@ -268,12 +268,14 @@ def gpu(session: nox.Session) -> None:
     """The check of a new GPU box, offline: the box's own python3 (nothing installed, no registry), .whl/
     unpacked onto a PYTHONPATH under a temp dir, every step with a timeout and the whole within 8 minutes
     on one H100 (benchmarks/gpu_check). Results: summary.md and small JSON files in $OUT (default: a temp
-    dir). Stops in one line where torch sees no CUDA device. `-- --budget S`, `-- --out DIR`."""
+    dir). Stops in one line where torch sees no CUDA device. `-- --budget S`, `-- --out DIR`; `-- --fake`:
+    the same steps on the CPU at the smallest sizes (the check's plumbing)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from benchmarks.gpu_check.cuda import no_cuda_line
 
     python = shutil.which("python3") or sys.executable
-    problem = no_cuda_line(python)
+    fake = "--fake" in session.posargs or os.environ.get("ICL_EXP_GPU_CHECK_FAKE") == "1"  # the CPU stand-in
+    problem = None if fake else no_cuda_line(python)
     if problem:
         session.error(problem)
     session.run(python, "-m", "benchmarks.gpu_check", *session.posargs, external=True)

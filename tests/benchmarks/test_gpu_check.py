@@ -150,3 +150,6 @@ def test_nox_gpu_session_stops_in_one_line_without_cuda(monkeypatch):
         nf.gpu(session)
     assert str(stopped.value).startswith("no CUDA device: torch") and "\n" not in str(stopped.value)
     assert session.runs == []  # nothing started
+    session.posargs = ["--fake", "--dry"]  # the CPU stand-in goes on
+    nf.gpu(session)
+    assert session.runs == [(sys.executable, "-m", "benchmarks.gpu_check", "--fake", "--dry")]
