@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BUDGET_S = 450  # the steps' share of the 8 minutes: the rest is start-up, the summary and slack
 SUMMARY_S = 15
 LISTING = ("import json; from experiments.core.registry import experiment_names, paper_package; "
-           "print(json.dumps({n: paper_package(n) for n in experiment_names()}))")
+           "from experiments.zoo.architectures import tiny_models; "
+           "print(json.dumps([{n: paper_package(n) for n in experiment_names()}, list(tiny_models())]))")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -52,12 +53,13 @@ def child_env(deps: Path, work: Path) -> dict[str, str]:
             "OMP_NUM_THREADS": threads}
 
 
-def experiments(python: str, env: dict[str, str]) -> dict[str, str]:
-    """Every registered experiment -> its paper package, asked of the box's python with the wheels."""
+def listing(python: str, env: dict[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """(every registered experiment -> its paper package, the tiny models), asked of the box's python."""
     out = subprocess.run([python, "-c", LISTING], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise RuntimeError(f"listing the experiments failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    experiments, tiny = json.loads(out.stdout.strip().splitlines()[-1])
+    return experiments, tuple(tiny)
 
 
 def scaled(phase: plan.Phase, factor: float) -> plan.Phase:
@@ -103,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GPU check{' (fake: on the CPU)' if args.fake else ''}: {args.budget:.0f} s, results in {out}", flush=True)
     note, results = "", {}
     try:
+        experiments, tiny = listing(python, env)
         phases = [scaled(p, max(1.0, args.budget / BUDGET_S))
-                  for p in plan.build(python, work, out, experiments(python, env), args.fake)]
+                  for p in plan.build(python, work, out, experiments, args.fake, tiny)]
         deadline = Deadline(args.budget)
         for phase in phases:
             phase = dry(phase, python) if args.dry else phase

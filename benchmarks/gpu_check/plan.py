@@ -31,8 +31,10 @@ class Phase:
     cap_s: float | None = None  # at most this long (and never past the check's deadline)
 
 
-def build(python: str, work: Path, out: Path, experiments: dict[str, str], fake: bool) -> list[Phase]:
-    """The phases for a GPU box, or (`fake`) their CPU stand-ins. `experiments`: name -> paper package."""
+def build(python: str, work: Path, out: Path, experiments: dict[str, str], fake: bool,
+          tiny_models: tuple[str, ...] = ()) -> list[Phase]:
+    """The phases for a GPU box, or (`fake`) their CPU stand-ins. `experiments`: name -> paper package;
+    `tiny_models`: every patchable family's tiny random model (each adapter once on the device)."""
     device = "cpu" if fake else "cuda"
     big = TINY_MODEL if fake else BIG_MODEL
     cli = [python, "-m", "cli.main"]
@@ -45,6 +47,19 @@ def build(python: str, work: Path, out: Path, experiments: dict[str, str], fake:
                   [python, "-m", "benchmarks.gpu_check.probe", str(out / "probe.json")], 120),
              Step("02_pytest_gpu", "the CUDA-marked tests (pytest -m gpu)",
                   [python, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"], 150)]
+    if tiny_models:
+        families = ["patch_match", "-m", "preset=smoke", f"model={','.join(tiny_models)}"]
+        probe.append(Step("03_patch_match_tiny_families", f"patch_match on every family's tiny model on {device}",
+                          [*cli, "run", *families, f"device={device}", f"hydra.sweep.dir={runs / 'tiny_families'}"],
+                          120, runs=str(runs / "tiny_families"),
+                          cpu_argv=[*cli, "run", *families, "device=cpu",
+                                    f"hydra.sweep.dir={runs / 'tiny_families_cpu'}"]))
+    if "tiny-mixtral" in tiny_models:  # the MoE rule's fit: its tensors must all be on the model's device
+        moe = ["context_compile", "preset=smoke", "model=tiny-mixtral"]
+        probe.append(Step("04_context_compile_moe", f"context_compile on tiny-mixtral (MoE) on {device}",
+                          run("context_compile_moe", *moe, f"device={device}"), 60,
+                          runs=str(runs / "context_compile_moe"),
+                          cpu_argv=run("context_compile_moe_cpu", *moe, "device=cpu")))
     smoke = []
     for lane, packages in PAPERS:
         names = sorted(n for n, p in experiments.items() if p in packages)

@@ -17,6 +17,7 @@ from benchmarks.gpu_check.cuda import no_cuda_line
 from benchmarks.gpu_check.steps import Deadline, Step, run_lanes
 from benchmarks.gpu_peaks import describe, peak_bf16
 from experiments.core.registry import experiment_names, paper_package
+from experiments.zoo.architectures import tiny_models
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,9 +43,10 @@ def test_dry_fake_run_lists_every_step(tmp_path):
     done = check("--fake", "--dry", "--out", str(out), "--budget", "60")
     assert done.returncode == 0, done.stdout + done.stderr
     experiments = {n: paper_package(n) for n in experiment_names()}
-    phases = plan.build(sys.executable, tmp_path, out, experiments, fake=True)
+    phases = plan.build(sys.executable, tmp_path, out, experiments, True, tiny_models())
     names = [s.name for p in phases for lane in p.lanes for s in lane]
-    assert len(names) >= 10 and {"02_pytest_gpu", "22_gemma_match_parallel", "30_gpt_wq_torchrun"} <= set(names)
+    assert {"02_pytest_gpu", "03_patch_match_tiny_families", "04_context_compile_moe", "22_gemma_match_parallel",
+            "30_gpt_wq_torchrun", "31_patch_bench_float32", "32_patch_bench_bfloat16"} <= set(names)
     text = (out / "summary.md").read_text()
     data = json.loads((out / "summary.json").read_text())
     assert sorted(r["name"] for r in data["steps"]) == sorted(names)
