@@ -1,8 +1,9 @@
-"""What the check runs, in three phases: `functional` (lanes side by side: the probe and the CUDA tests,
-every experiment at preset=smoke, rnn_context with TF32 off and on, gemma_match on the 1B shapes through
-the parallel launcher), `timings` (the GPU alone: patch_bench on the 1B shapes in float32 and bfloat16,
-gpt_wq at the gpu preset's shape under torchrun, compiled, bf16 autocast), then `cpu` (what failed, again on
-the CPU: a CUDA bug passes there, a version gap fails on both; built by `cpu_reruns` from the results).
+"""What the check runs, in three phases: `functional` (lanes side by side: the probe, the CUDA tests,
+every family's tiny model and the MoE fit on the device, every experiment at preset=smoke, rnn_context
+with TF32 off and on, gemma_match on the 1B shapes through the parallel launcher), `timings` (the GPU
+alone: gpt_wq at the gpu preset's shape under torchrun, compiled, bf16 autocast; patch_bench on the 1B
+shapes in float32 and bfloat16), then `cpu` (what failed, again on the CPU: a CUDA bug passes there, a
+version gap fails on both; built by `cpu_reruns` from the results).
 
 `fake` runs the same steps on the CPU at the smallest sizes (tiny models, the smoke shapes, no compile):
 the check's own plumbing end to end on a machine without a GPU."""
