@@ -11,6 +11,9 @@ session below (one torch install, not one per session), so that afterwards
     nox -s smoke        # every registered experiment at preset=smoke through the CLI
     nox -s report_browser  # two experiments, the report, and a headless-Chromium screenshot of it
     nox -s cluster      # a one-node SLURM cluster here (root, apt), sweeps through hydra/launcher=slurm
+    nox -s gpu_wheels   # (where a registry is reached) the wheels a bare GPU box lacks, into .whl/ (~1 MB)
+    nox -s gpu          # on a GPU box, offline, with its own python3 and .whl/: the CUDA check, <= 8 min,
+                        # summary.md + JSON in $OUT (docs/usage.md#on-a-gpu-box); "no CUDA device" elsewhere
 
 On a machine without an NVIDIA GPU the set-up installs the CPU build of torch first, so pip never
 downloads CUDA wheels; with a GPU it installs the default (CUDA) build.
@@ -239,3 +242,40 @@ def cluster(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
+
+
+@nox.session
+def gpu_wheels(session: nox.Session) -> None:
+    """Fill .whl/ (git-ignored, carried along with the repository) with the wheels that `nox -s gpu` unpacks
+    on a GPU box without a registry: hydra-core, omegaconf, the launchers, submitit, and a wheel built from
+    antlr4-python3-runtime's sdist (the registry has no wheel of it). Nox's own environment's pip; no .venv."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from benchmarks.gpu_check.wheels import BUILD, DOWNLOAD
+
+    out = Path(__file__).resolve().parent / ".whl"
+    out.mkdir(exist_ok=True)
+    for old in out.glob("*.whl"):  # no stale version beside the new one: all of them are unpacked
+        old.unlink()
+    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", str(out),
+                *DOWNLOAD)
+    session.run("python", "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), *BUILD)
+    size = sum(f.stat().st_size for f in out.glob("*.whl"))
+    session.log(f"{len(list(out.glob('*.whl')))} wheels, {size / 2**20:.1f} MiB in {out}: bring .whl/ along")
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """The check of a new GPU box, offline: the box's own python3 (nothing installed, no registry), .whl/
+    unpacked onto a PYTHONPATH under a temp dir, every step with a timeout and the whole within 8 minutes
+    on one H100 (benchmarks/gpu_check). Results: summary.md and small JSON files in $OUT (default: a temp
+    dir). Stops in one line where torch sees no CUDA device. `-- --budget S`, `-- --out DIR`; `-- --fake`:
+    the same steps on the CPU at the smallest sizes (the check's plumbing)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from benchmarks.gpu_check.cuda import no_cuda_line
+
+    python = shutil.which("python3") or sys.executable
+    fake = "--fake" in session.posargs or os.environ.get("ICL_EXP_GPU_CHECK_FAKE") == "1"  # the CPU stand-in
+    problem = None if fake else no_cuda_line(python)
+    if problem:
+        session.error(problem)
+    session.run(python, "-m", "benchmarks.gpu_check", *session.posargs, external=True)

@@ -6,9 +6,10 @@
 
 One optimizer step = forward + backward + clip + AdamW on random token windows, timed after warm-up steps;
 tokens/s is the median over the timed steps, best of --rounds rounds. On CUDA the model FLOPs utilization
-is reported against the GPU's dense bf16 peak (PaLM's 6N + 12·L·d·T FLOPs per token, as nanoGPT's
-estimate_mfu). Target: W_Q = I (117M) must not be slower than the 124M baseline (it has less work: no
-query projection). Prints a table; not a test.
+is reported against the GPU's dense bf16 peak read from its name (benchmarks/gpu_peaks.py: H100 SXM,
+PCIe and NVL apart; an unknown card or a MIG slice is named and gets no MFU), with PaLM's 6N + 12·L·d·T
+FLOPs per token, as nanoGPT's estimate_mfu. Target: W_Q = I (117M) must not be slower than the 124M
+baseline (it has less work: no query projection). Prints a table; not a test.
 """
 
 from __future__ import annotations
@@ -24,20 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.gpu_peaks import describe, peak_bf16  # noqa: E402
 from experiments.karbevski.gpt.model import GPT, GPTConfig, flops_per_token  # noqa: E402
 from experiments.karbevski.gpt.params import count_meta  # noqa: E402
 from experiments.karbevski.gpt.train import TrainSettings, autocast, make_optimizer  # noqa: E402
 from experiments.karbevski.gpt.variants import VARIANTS, model_config  # noqa: E402
 
-# dense bf16 peak FLOP/s by device name fragment (no sparsity)
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12, "5090": 209e12}
-
 
 def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+    found = peak_bf16(torch.cuda.get_device_name(device))
+    return found[0] if found else None
 
 
 def bench(cfg: GPTConfig, batch: int, steps: int, warmup: int, device: torch.device, compile: bool) -> dict:
@@ -101,6 +100,8 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"threads {torch.get_num_threads()}, shape L={base.n_layer} d={base.d_model} T={base.block_size} "
           f"V={base.vocab_size}, batch {batch}, compile {compile}")
+    if device.type == "cuda":
+        print(describe(torch.cuda.get_device_name(device)))
     rows: dict[str, dict] = {}
     # rounds over the variants, best of the rounds per variant: on a shared machine the best round is
     # the one least disturbed by other work

@@ -2,12 +2,16 @@
 Qwen2.5-Coder 0.5B, and the real 1B shapes with random weights.
 
     python benchmarks/patch_bench.py [--model gemma-3-270m|qwen2.5-0.5b|gemma3-1b-random|llama3.2-1b-random]
-                                     [--variant closed_loop] [--dtype float32] [--tokens 8]
+                                     [--variant closed_loop[,stable,...]] [--dtype float32] [--tokens 8]
+                                     [--device cpu|cuda[:K]] [--modes generate,patched,compare] [--json OUT]
 
 Targets: gemma-3-270m (issue 20) and qwen2.5-0.5b (issue 32: the same, beside it) patched generation ≤ 1.8×
 stock `generate`'s time per token and ≤ 1.2× its peak memory; the 1B shapes (issue 8) ≤ 3× and ≤ 1.5×.
-Each mode runs in its own process; the peak RSS (VmHWM) is reset after the model is built, so it is the peak
-while generating (model included). Modes, time per token (the prefill not counted):
+On the CPU each mode runs in its own process; the peak RSS (VmHWM) is reset after the model is built, so it
+is the peak while generating (model included). On CUDA (`--device cuda`) the modes share one process and
+one model: the clock is read after `torch.cuda.synchronize`, and the peak memory is
+`torch.cuda.max_memory_allocated`, reset before each mode (model included; the allocator's cache and the
+CUDA context are not counted). Modes, time per token (the prefill not counted):
 - generate: stock `model.generate(ids, max_new_tokens=N, do_sample=False)` with its KV cache, timed as
   (t(N + 1) − t(1)) / N, median of 3;
 - patched: patched generation (`generate.patched_generate`): the patched model, fed only its own tokens,
@@ -50,36 +54,84 @@ def median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def measure(mode: str, model_name: str, dtype_name: str, tokens: int, variant: str, threads: int) -> dict:
+class Meter:
+    """The clock and the peak memory of one device: on CUDA the clock waits for the queued kernels and the
+    peak is the caching allocator's (MB); on the CPU the peak is the process's RSS."""
+
+    def __init__(self, device):
+        import torch
+
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def reset_peak(self) -> float:
+        """Start the peak from what is held now (the model); returns that, MB."""
+        if not self.cuda:
+            return peak_rss_mb(reset=True)
+        import gc
+
+        import torch
+
+        gc.collect()  # the previous variant's patcher and steps: not this one's memory
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return torch.cuda.memory_allocated(self.device) / 2**20
+
+    def peak_mb(self) -> float:
+        if not self.cuda:
+            return peak_rss_mb()
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) / 2**20
+
+
+def load(model_name: str, dtype_name: str, device: str, threads: int):
     import gc
 
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-
     from experiments.core.runtime import resolve_dtype
-    from experiments.patching.generate import compare_generation, patched_generate
-    from experiments.patching.patcher import Patcher
     from experiments.zoo.loading import load_model
     from experiments.zoo.prompts import encode_prompt
 
-    bundle = load_model(model_name, resolve_dtype(dtype_name), "cpu", seed=0)
-    inputs = encode_prompt(bundle, PROMPT)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    bundle = load_model(model_name, resolve_dtype(dtype_name), dev, seed=0)
+    inputs = encode_prompt(bundle, PROMPT, device=dev)
     gc.collect()
-    rss_model = peak_rss_mb(reset=True)
+    return bundle, inputs
+
+
+def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter) -> dict:
+    import torch
+
+    from experiments.patching.generate import compare_generation, patched_generate
+    from experiments.patching.patcher import Patcher
+
+    held = meter.reset_peak()
     parts: dict = {}
     with torch.no_grad():
         if mode == "generate":
             def timed(n: int) -> float:
-                t0 = time.perf_counter()
+                t0 = meter.now()
                 bundle.model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                       pad_token_id=0)
-                return 1000 * (time.perf_counter() - t0)
+                return 1000 * (meter.now() - t0)
 
             timed(1)  # warm-up
             times = [(timed(tokens + 1) - timed(1)) / tokens for _ in range(REPEATS)]
-        else:
+        else:  # the per-token timers of generate.py synchronize CUDA themselves
             patcher = Patcher(bundle.model, variant)
             if mode == "patched":
                 steps = list(patched_generate(patcher, inputs, tokens + 1))[1:]  # the first step warmed up
@@ -88,42 +140,95 @@ def measure(mode: str, model_name: str, dtype_name: str, tokens: int, variant: s
                 steps = list(compare_generation(patcher, inputs, tokens + 1, control=False))[1:]
                 times, context = [st.patched_ms for st in steps], [st.baseline_ms for st in steps]
             parts = {"context_ms": median(context), "patch_ms": median([st.patch_ms for st in steps])}
-    return {"mode": mode, "ms_per_token": median(times), "mean_ms": sum(times) / len(times), **parts,
-            "peak_rss_mb": peak_rss_mb(), "rss_after_load_mb": rss_model, "threads": torch.get_num_threads()}
+    return {"mode": mode, "variant": None if mode == "generate" else variant, "ms_per_token": median(times),
+            "mean_ms": sum(times) / len(times), **parts, "peak_mb": meter.peak_mb(), "after_load_mb": held,
+            "threads": torch.get_num_threads(), "device": str(meter.device)}
+
+
+def one_process(args: argparse.Namespace, modes: list[str], variants: list[str]) -> list[dict]:
+    """Every (mode, variant) on one loaded model, in this process (CUDA), or one mode of one variant (the
+    CPU's subprocess per mode)."""
+    bundle, inputs = load(args.model, args.dtype, args.device, args.threads)
+    meter = Meter(args.device)
+    rows = []
+    for mode in modes:
+        for variant in (variants[:1] if mode == "generate" else variants):
+            try:
+                rows.append(measure(mode, bundle, inputs, args.tokens, variant, meter))
+            except Exception as err:  # one variant that fails (or runs out of memory) leaves the others
+                rows.append({"mode": mode, "variant": variant, "error": f"{type(err).__name__}: {err}"})
+    return rows
+
+
+def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> list[dict]:
+    if args.device.startswith("cuda"):
+        return one_process(args, modes, variants)
+    root = Path(__file__).resolve().parents[1]
+    rows = []
+    for mode in modes:
+        for variant in (variants[:1] if mode == "generate" else variants):
+            cmd = [sys.executable, __file__, "--mode", mode, "--model", args.model, "--dtype", args.dtype,
+                   "--variant", variant, "--tokens", str(args.tokens), "--threads", str(args.threads)]
+            res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
+            rows.extend(json.loads(res.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
+    plain = rows[0]
+    memory = "peak MB (max_memory_allocated)" if args.device.startswith("cuda") else "peak RSS MB"
+    print(f"{args.model} {args.dtype} on {args.device}, {args.tokens} tokens, {plain.get('threads')} torch threads")
+    print(f"{'mode':<10}{'variant':<20}{'ms/token (median)':>20}{'mean ms':>10}{'after load MB':>15}"
+          f"{memory:>32}{'time ×stock':>13}{'peak ×stock':>13}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['mode']:<10}{r['variant'] or '':<20}  {r['error']}")
+            continue
+        print(f"{r['mode']:<10}{r['variant'] or '':<20}{r['ms_per_token']:>20.1f}{r['mean_ms']:>10.1f}"
+              f"{r['after_load_mb']:>15.0f}{r['peak_mb']:>32.0f}{r['ms_per_token'] / plain['ms_per_token']:>13.2f}"
+              f"{r['peak_mb'] / plain['peak_mb']:>13.2f}")
+    for r in rows[1:]:
+        if "error" not in r:
+            print(f"{r['mode']} {r['variant']}: with-context step {r['context_ms']:.1f} ms + patches and patched "
+                  f"forward {r['patch_ms']:.1f} ms (medians)")
+    time_x, memory_x = TARGETS.get(args.model, DEFAULT_TARGET)
+    print(f"targets: patched time ≤ {time_x}× stock generate, peak memory ≤ {memory_x}×")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gemma3-1b-random")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--variant", default="closed_loop")
+    ap.add_argument("--variant", default="closed_loop", help="one variant, several (naive,stable,...), or all")
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:K (synchronized timings, GPU memory)")
+    ap.add_argument("--modes", default=",".join(MODES), help="which of generate,patched,compare")
+    ap.add_argument("--json", type=Path, help="also write the rows here (JSON)")
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.mode:
-        print(json.dumps(measure(a.mode, a.model, a.dtype, a.tokens, a.variant, a.threads)))
+    variants = a.variant.split(",")
+    if variants == ["all"]:
+        from experiments.patching.variants import VARIANTS
+
+        variants = list(VARIANTS)
+    if a.mode:  # one CPU mode in its own process (its own RSS)
+        print(json.dumps(one_process(a, [a.mode], variants)))
         return
-    root = Path(__file__).resolve().parents[1]
-    rows = []
-    for mode in MODES:
-        cmd = [sys.executable, __file__, "--mode", mode, "--model", a.model, "--dtype", a.dtype,
-               "--variant", a.variant, "--tokens", str(a.tokens), "--threads", str(a.threads)]
-        res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
-        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    plain = rows[0]
-    print(f"{a.model} {a.dtype} {a.variant}, {a.tokens} tokens, {plain['threads']} torch threads")
-    print(f"{'mode':<10}{'ms/token (median)':>20}{'mean ms':>10}{'RSS after load MB':>19}{'peak RSS MB':>13}"
-          f"{'time ×stock':>13}{'peak ×stock':>13}")
-    for r in rows:
-        print(f"{r['mode']:<10}{r['ms_per_token']:>20.1f}{r['mean_ms']:>10.1f}{r['rss_after_load_mb']:>19.0f}"
-              f"{r['peak_rss_mb']:>13.0f}{r['ms_per_token'] / plain['ms_per_token']:>13.2f}"
-              f"{r['peak_rss_mb'] / plain['peak_rss_mb']:>13.2f}")
-    for r in rows[1:]:
-        print(f"{r['mode']}: with-context step {r['context_ms']:.1f} ms + patches and patched forward "
-              f"{r['patch_ms']:.1f} ms (medians)")
-    time_x, memory_x = TARGETS.get(a.model, DEFAULT_TARGET)
-    print(f"targets: patched time ≤ {time_x}× stock generate, peak memory ≤ {memory_x}×")
+    modes = a.modes.split(",")
+    if modes[0] != "generate" or not set(modes) <= set(MODES):
+        sys.exit(f"--modes: generate first, then any of {', '.join(MODES[1:])} (got {a.modes})")
+    if a.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: no CUDA device (torch.cuda.is_available() is False)")
+    rows = run_all(a, modes, variants)
+    print_table(a, rows)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"model": a.model, "dtype": a.dtype, "device": a.device, "tokens": a.tokens,
+                                      "target": TARGETS.get(a.model, DEFAULT_TARGET), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

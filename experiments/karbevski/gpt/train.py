@@ -70,6 +70,19 @@ def precision(amp: torch.dtype | None) -> str:
     return "float32" if amp is None else f"{str(amp).removeprefix('torch.')} autocast, float32 weights"
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on `device`: on CUDA through page-locked memory, so the copy is truly asynchronous (a
+    `non_blocking` copy from pageable memory is a synchronous one)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, val: np.ndarray, starts: np.ndarray, block_size: int, batch: int,
              device: torch.device, amp: torch.dtype | None = None) -> float:
@@ -82,8 +95,9 @@ def evaluate(model: nn.Module, val: np.ndarray, starts: np.ndarray, block_size: 
     for i in range(0, len(mine), batch):
         x, y = windows_to_batch(val, mine[i : i + batch], block_size)
         with autocast(device, amp):
-            _, loss = model(x.to(device), y.to(device))
-        total += torch.tensor([loss.item() * len(x), len(x)], dtype=torch.float64, device=device)
+            _, loss = model(to_device(x, device), to_device(y, device))
+        total[0] += loss.double() * len(x)  # on the device: one host read per evaluation, not per batch
+        total[1] += len(x)
     model.train(was_training)
     total = distributed.sum_over_ranks(total)
     return (total[0] / total[1]).item()
@@ -114,52 +128,64 @@ def train(model: nn.Module, optimizer, s: TrainSettings, train_data: np.ndarray,
 
     if state.step == 0:
         val_point(0)
-    # tokens_per_s counts training steps only: not evaluation, checkpoints, or the first step of a compiled
-    # model (compilation); on CUDA the clock stops after the step's queued work
-    train_s, steps_window = 0.0, 0
+    # The loss and the gradient norm stay on the device and are read back at log steps only: a host read
+    # per micro-batch would make the CPU wait for the GPU every step. tokens_per_s counts training steps
+    # only (not evaluation, checkpoints, or the first step of a compiled model, its compilation); the clock
+    # is read after the queued work is done, at log, evaluation and checkpoint steps.
+    train_s, steps_window, clock = 0.0, 0, None
     step = first = state.step
     try:
         while step < s.steps:
-            t_step = time.perf_counter()
+            if clock is None:
+                clock = time.perf_counter()
             lr = lr_at(step, s)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum = 0.0
+            loss_sum = torch.zeros((), device=device)
             for micro in range(s.grad_accum):
                 x, y = random_batch(train_data, block_size, s.micro_batch, s.seed, step,
                                     me.rank * s.grad_accum + micro)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                x, y = to_device(x, device), to_device(y, device)
                 # DDP averages gradients over ranks at the last micro-batch only
                 sync = micro == s.grad_accum - 1 or not me.distributed
                 with contextlib.nullcontext() if sync else ddp.no_sync():
                     with autocast(device, s.amp):
                         _, loss = run_model(x, y)
                     (loss / s.grad_accum).backward()
-                loss_sum += loss.item()
-            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip).item()
+                loss_sum += loss.detach().float()
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            train_loss = distributed.mean_over_ranks(loss_sum / s.grad_accum, device)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if not (s.compile and step == first):
-                train_s += time.perf_counter() - t_step
-                steps_window += 1
             step += 1
-            if step % s.log_every == 0 or step == s.steps:
+            if s.compile and step == first + 1:  # the step that compiled: not timed
+                _sync(device)
+                clock = None
+            else:
+                steps_window += 1
+            logging = step % s.log_every == 0 or step == s.steps
+            evaluating = step % s.eval_every == 0 or step == s.steps
+            saving = step % s.checkpoint_every == 0 or step == s.steps
+            if clock is not None and (logging or evaluating or saving):
+                _sync(device)
+                train_s += time.perf_counter() - clock
+                clock = None
+            info = None
+            if logging:
+                train_loss = distributed.mean_over_ranks(loss_sum.item() / s.grad_accum, device)
                 log("train_loss", train_loss, step)
                 log("lr", lr, step)
-                log("grad_norm", grad_norm, step)
+                log("grad_norm", grad_norm.item(), step)
                 log("tokens_seen", step * tokens_per_step, step)
                 if steps_window:
                     log("tokens_per_s", steps_window * tokens_per_step / max(train_s, 1e-9), step)
                 train_s, steps_window = 0.0, 0
-            if step % s.eval_every == 0 or step == s.steps:
+                info = f"loss {train_loss:.3f}"
+            if evaluating:
                 val_point(step)
-            if step % s.checkpoint_every == 0 or step == s.steps:
+            if saving:
                 checkpoint(step)
             if bar is not None:
-                bar.advance(1, info=f"loss {train_loss:.3f}")
+                bar.advance(1, info=info)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"interrupted at step {step} of {s.steps}; the last checkpoint "
                                 f"(every {s.checkpoint_every} steps) is intact: resume=<this run folder>") from None

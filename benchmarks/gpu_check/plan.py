@@ -1,0 +1,154 @@
+"""What the check runs, in three phases: `functional` (lanes side by side: the probe, the CUDA tests,
+every family's tiny model and the MoE fit on the device, every experiment at preset=smoke, rnn_context
+with TF32 off and on, gemma_match on the 1B shapes through the parallel launcher), `timings` (the GPU
+alone: gpt_wq at the gpu preset's shape under torchrun, compiled, bf16 autocast; patch_bench on the 1B
+shapes in float32 and bfloat16), then `cpu` (what failed, again on the CPU: a CUDA bug passes there, a
+version gap fails on both; built by `cpu_reruns` from the results).
+
+`fake` runs the same steps on the CPU at the smallest sizes (tiny models, the smoke shapes, no compile):
+the check's own plumbing end to end on a machine without a GPU."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from benchmarks.gpu_check.steps import Step
+
+BIG_MODEL = "gemma3-1b-random"  # Gemma 3 1B's shapes, random weights built from its config: nothing to download
+TINY_MODEL = "tiny-gemma3"
+PAPERS = (("dherin", ("dherin",)), ("goldwaser", ("goldwaser",)), ("karbevski_xu_fang", ("karbevski", "xu_fang")))
+# The phases' caps within the default 450 s: the timings need the GPU alone afterwards, and what is left
+# (at least 60 s) goes to the CPU re-runs
+FUNCTIONAL_S = 210
+TIMINGS_S = 180
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    lanes: list[list[Step]]
+    cap_s: float | None = None  # at most this long (and never past the check's deadline)
+
+
+def build(python: str, work: Path, out: Path, experiments: dict[str, str], fake: bool,
+          tiny_models: tuple[str, ...] = ()) -> list[Phase]:
+    """The phases for a GPU box, or (`fake`) their CPU stand-ins. `experiments`: name -> paper package;
+    `tiny_models`: every patchable family's tiny random model (each adapter once on the device)."""
+    device = "cpu" if fake else "cuda"
+    big = TINY_MODEL if fake else BIG_MODEL
+    cli = [python, "-m", "cli.main"]
+    runs = work / "runs"
+
+    def run(name: str, *args: str) -> list[str]:
+        return [*cli, "run", *args, f"hydra.run.dir={runs / name}"]
+
+    probe = [Step("01_probe", "versions, TF32 flags and what they do to float32 matmuls and nn.RNN, matmul TFLOP/s",
+                  [python, "-m", "benchmarks.gpu_check.probe", str(out / "probe.json")], 120),
+             Step("02_pytest_gpu", "the CUDA-marked tests (pytest -m gpu)",
+                  [python, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"], 150)]
+    if tiny_models:
+        families = ["patch_match", "-m", "preset=smoke", f"model={','.join(tiny_models)}"]
+        probe.append(Step("03_patch_match_tiny_families", f"patch_match on every family's tiny model on {device}",
+                          [*cli, "run", *families, f"device={device}", f"hydra.sweep.dir={runs / 'tiny_families'}"],
+                          120, runs=str(runs / "tiny_families"),
+                          cpu_argv=[*cli, "run", *families, "device=cpu",
+                                    f"hydra.sweep.dir={runs / 'tiny_families_cpu'}"]))
+    if "tiny-mixtral" in tiny_models:  # the MoE rule's fit: its tensors must all be on the model's device
+        moe = ["context_compile", "preset=smoke", "model=tiny-mixtral"]
+        probe.append(Step("04_context_compile_moe", f"context_compile on tiny-mixtral (MoE) on {device}",
+                          run("context_compile_moe", *moe, f"device={device}"), 60,
+                          runs=str(runs / "context_compile_moe"),
+                          cpu_argv=run("context_compile_moe_cpu", *moe, "device=cpu")))
+    smoke = []
+    for lane, packages in PAPERS:
+        names = sorted(n for n, p in experiments.items() if p in packages)
+        if names:
+            folder = work / "smoke" / lane
+            smoke.append([Step(f"1{len(smoke)}_smoke_{lane}", f"{', '.join(names)} at preset=smoke device={device}",
+                               [*cli, "reproduce", "--only", ",".join(names), "--results", str(folder),
+                                "preset=smoke", f"device={device}"], 200, runs=str(folder), reproduce=True)])
+    rnn = ["rnn_context", "preset=smoke", f"device={device}"]
+    gemma = ["gemma_match", "-m", "hydra/launcher=parallel", "preset=smoke", f"model={big}",
+             "dtype=float32,bfloat16", "variant=stable", "max_new_tokens=12"]
+    chain = [Step("20_rnn_context_tf32_off", "rnn_context's claims as the runner sets precision (IEEE float32)",
+                  run("rnn_context_tf32_off", *rnn), 60, runs=str(runs / "rnn_context_tf32_off"),
+                  cpu_argv=run("rnn_context_tf32_off_cpu", *rnn[:-1], "device=cpu")),
+             Step("21_rnn_context_tf32_on", "rnn_context with TF32 forced on before the run starts",
+                  [python, "-m", "benchmarks.gpu_check.with_tf32", "run", *rnn,
+                   f"hydra.run.dir={runs / 'rnn_context_tf32_on'}"], 60, runs=str(runs / "rnn_context_tf32_on")),
+             Step("22_gemma_match_parallel", f"gemma_match on {big}, float32 and bfloat16, hydra/launcher=parallel",
+                  [*cli, "run", *gemma, f"device={device}", f"hydra.sweep.dir={runs / 'gemma_match_parallel'}"], 150,
+                  runs=str(runs / "gemma_match_parallel"),
+                  cpu_argv=[*cli, "run", *gemma[:4], f"model={TINY_MODEL}", *gemma[5:], "device=cpu",
+                            f"hydra.sweep.dir={runs / 'gemma_match_parallel_cpu'}"])]
+    # gpt_wq first: compile + DDP + NCCL under torchrun has never run anywhere else
+    timings = [gpt_wq(python, work, fake), *(bench(python, out, dtype, big, device, fake)
+                                             for dtype in ("float32", "bfloat16"))]
+    return [Phase("functional", [probe, *smoke, chain], FUNCTIONAL_S),
+            Phase("timings", [timings], TIMINGS_S)]
+
+
+def bench(python: str, out: Path, dtype: str, model: str, device: str, fake: bool) -> Step:
+    """patch_bench: stock `generate` vs patched generation, every variant, time per token and peak memory."""
+
+    def argv(device: str, model: str, tokens: int, name: str) -> list[str]:
+        return [python, "benchmarks/patch_bench.py", "--device", device, "--model", model, "--dtype", dtype,
+                "--variant", "all", "--modes", "generate,patched", "--tokens", str(tokens),
+                "--json", str(out / "bench" / f"{name}.json")]
+
+    return Step(f"3{1 if dtype == 'float32' else 2}_patch_bench_{dtype}",
+                f"patched vs stock generation on {model} in {dtype}, every variant (ms/token, peak memory)",
+                argv(device, model, 3 if fake else 8, f"patch_{dtype}"), 100,
+                cpu_argv=argv("cpu", TINY_MODEL, 3, f"patch_{dtype}_cpu"))
+
+
+def gpt_wq(python: str, work: Path, fake: bool) -> Step:
+    """gpt_wq for ~30 steps under torchrun (one rank), compiled, bf16 autocast: tokens/s and MFU."""
+    folder = work / "runs" / "gpt_wq_torchrun"
+    shape = ["preset=smoke", "device=cpu", "train.compile=false"] if fake else \
+        ["preset=gpu", "device=cuda", "train.compile=true"]
+    common = ["gpt_wq", "data=fixture", "tokenizer=bytes", "dtype=bfloat16", "variant=baseline_124m",
+              "train.steps=30", "train.log_every=10", "train.eval_every=30", "train.checkpoint_every=30",
+              "train.val_windows=16", "export_hf=false", f"cache_dir={work / 'cache'}"]
+    torchrun = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m", "cli.main", "run"]
+    cpu = [*torchrun, *common, "preset=smoke", "device=cpu", "train.compile=false", "train.steps=6",
+           f"hydra.run.dir={work / 'runs' / 'gpt_wq_torchrun_cpu'}"]
+    return Step("30_gpt_wq_torchrun", f"gpt_wq at the {shape[0]} shape, 30 steps, {shape[2]}, bf16 autocast, torchrun "
+                "--nproc_per_node=1: tokens/s, MFU", [*torchrun, *common, *shape, f"hydra.run.dir={folder}"], 120,
+                runs=str(folder), cpu_argv=cpu)
+
+
+def failed_experiments(folder: Path, names: list[str]) -> list[str]:
+    """The experiments of a reproduce folder whose run did not complete (or never started)."""
+    bad = []
+    for name in names:
+        found = [json.loads(p.read_text()).get("status") for p in (folder / name).rglob("run.json")]
+        if not found or any(s != "complete" for s in found):
+            bad.append(name)
+    return bad
+
+
+def cpu_reruns(phases: list[Phase], results: dict[str, str], python: str, work: Path) -> Phase:
+    """The `cpu` phase: every failed or timed-out step that has a CPU form, with CUDA hidden; for a reproduce
+    step, only its experiments that did not complete (with what they need: reproduce adds it)."""
+    lanes: list[list[Step]] = [[], []]
+    for phase in phases:
+        for lane in phase.lanes:
+            for step in lane:
+                if results.get(step.name) not in ("failed", "timed_out"):
+                    continue
+                argv = step.cpu_argv
+                if step.reproduce:
+                    names = step.argv[step.argv.index("--only") + 1].split(",")
+                    bad = failed_experiments(Path(step.runs), names)
+                    folder = work / "smoke_cpu" / step.name
+                    argv = [python, "-m", "cli.main", "reproduce", "--only", ",".join(bad), "--results", str(folder),
+                            "preset=smoke", "device=cpu"] if bad else None
+                if argv:
+                    rerun = replace(step, name=f"{step.name}.cpu", what=f"on the CPU: {step.what}", argv=argv,
+                                    timeout_s=120, env={"CUDA_VISIBLE_DEVICES": ""}, cpu_argv=None,
+                                    runs=str(folder) if step.reproduce else step.runs)
+                    min(lanes, key=len).append(rerun)
+    return Phase("cpu", [lane for lane in lanes if lane])
