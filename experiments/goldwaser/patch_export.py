@@ -4,8 +4,11 @@
 the patcher (any supported architecture, any variant) patches every layer for the prompt's last token,
 the patched model is saved with `save_pretrained` into RUN/patched (and the original random model into
 RUN/base, since it exists nowhere else), and the check is independent of the patching code: stock
-`AutoModelForCausalLM.from_pretrained(RUN/patched)`, fed the query token alone, against the original
-model's next-token logits after the whole prompt.
+`AutoModelForCausalLM.from_pretrained(RUN/patched)` (in float64 with the project's float64 norms and rotary
+tables, `zoo/float64.reload_float64`), fed the query token alone, against the original model's next-token
+logits after the whole prompt, within the dtype's bar (patching/compare.ROUNDING). An open loop's export is
+evidence (`goldwaser.export.*`); a closed loop's is a construction (`goldwaser.construction.export.*`),
+beside its control, the closed loop at the last layer alone, and its per-layer error against the record.
 """
 
 from __future__ import annotations
