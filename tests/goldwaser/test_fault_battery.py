@@ -128,13 +128,14 @@ def inject(monkeypatch, fault: str) -> None:
         monkeypatch.setattr(closed_loop, "patched_layer_forward",
                             lambda adapter, layer, cap, args, kwargs, *rest, **kw:
                             forward(adapter, layer, cap, *_forced(cap, args, kwargs), *rest, **kw))
-        # the open loop, where it is still intercepted (once its patched pass is the stock forward, no layer
-        # input can be replaced and its stock-forward claim goes with it)
+        # the open loop, where its layers are still intercepted (once its patched pass is the stock forward,
+        # no layer input can be replaced, and its stock-forward claim goes with it)
         from experiments.patching.variants import OpenLoop
 
-        patch = OpenLoop.patch
-        monkeypatch.setattr(OpenLoop, "patch", lambda self, patcher, layer, target, args, kwargs:
-                            patch(self, patcher, layer, target, *_forced(target, args, kwargs)))
+        patch = OpenLoop.__dict__.get("patch")
+        if patch is not None:
+            monkeypatch.setattr(OpenLoop, "patch", lambda self, patcher, layer, target, args, kwargs:
+                                patch(self, patcher, layer, target, *_forced(target, args, kwargs)))
     elif fault == "direction_unnormalised":
         from experiments.patching import lemmas
 
