@@ -235,3 +235,21 @@ def test_the_catch_table(battery, capsys):
         for item in sorted(rows):
             print(f"| `{item}` | {', '.join(rows[item])} |")
     assert rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["negated", "scaled_1e-3"])
+def test_on_trained_weights_the_faults_fail_the_evidence_claims(tmp_path, fault):
+    """The trained Qwen2.5-0.5B (Thm 9: the open loop holds there): the honest run passes its evidence claims,
+    the same run with the ΔW fault fails one (ΔW × (1 + 1e-3): its rounding claim, 1e-4)."""
+    from tests.conftest import require_bundled
+
+    require_bundled("qwen2.5-0.5b")
+    args = ("model=qwen2.5-0.5b", "dtype=float32", "variant=naive", "max_new_tokens=2", "stock_check=none",
+            "prompts=[List three reasons why octopuses are considered intelligent animals.]")
+    honest = _evidence(run_claims("patch_match", tmp_path / "honest", *args))
+    assert honest["passed"].astype(bool).all(), honest[["measured", "tolerance"]]
+    with pytest.MonkeyPatch.context() as mp:
+        inject(mp, fault)
+        broken = _evidence(run_claims("patch_match", tmp_path / fault, *args))
+    assert not broken["passed"].astype(bool).all(), broken[["measured", "tolerance"]]
