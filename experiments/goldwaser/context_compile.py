@@ -33,7 +33,7 @@ from experiments.core.results import RunContext
 
 REF = "Goldwaser §6 (extension): one fixed patch"
 CONSTRUCTION = REF + " (construction: a least-squares fit checked where it was fitted)"
-ROUNDING = {"float32": 1e-4, "float64": 1e-9}  # relative logit L∞ that counts as exact
+EXACT_DTYPES = ("float32", "float64")  # judged at rounding level (compare.ROUNDING); bfloat16 by top-1
 BF16_FITTED_TOP1 = 0.9  # bfloat16: top-1 agreement at the fitted positions that counts as reproduced
 
 
@@ -93,6 +93,7 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
     from experiments.core.runtime import dtype_name
     from experiments.goldwaser.context_compile_measure import PERTURB, sweep_ks
     from experiments.patching.arch import adapter_for
+    from experiments.patching.compare import rounding_bar
     from experiments.patching.fixed_patch import EXACT_RULES
 
     dtype = dtype_name(ctx.dtype)
@@ -105,8 +106,8 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
             continue  # a bias or a scale cannot match k > 1 positions: its residual is reported (metrics)
         fk = fixed[(fixed["k"] == k) & (fixed["fitted"] == 1)]
         pk = pos[(pos["method"] == "perturbed") & (pos["k"] == k)]
-        if dtype in ROUNDING:
-            tol = ROUNDING[dtype]
+        if dtype in EXACT_DTYPES:
+            tol = rounding_bar(dtype)
             ctx.check(f"context_compile.construction.fit_exact_k{k}", CONSTRUCTION,
                       f"at the {k} fitted positions the fixed patch without context gives the with-context logits: "
                       f"max |Δlogit| / max |logit| over prompts and positions ({where}, {rule})",

@@ -163,10 +163,9 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
     """Save the patched model with `save_pretrained` (safetensors, config, tokenizer), reload it with stock
     `AutoModelForCausalLM.from_pretrained` and measure it there: teacher-forced agreement at every position,
     and a free-running greedy generation from the start token alone against the reply."""
-    from transformers import AutoModelForCausalLM
-
     from experiments.core.atomic import save_pretrained, write_json_atomic
     from experiments.patching.compare import logit_comparison
+    from experiments.zoo.float64 import reload_float64
     from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
@@ -174,8 +173,7 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
     with quiet_transformers():  # no "Writing model shards" bar
         save_pretrained(bundle.model, folder)
         save_pretrained(tok, folder)
-        stock = AutoModelForCausalLM.from_pretrained(folder, dtype=ctx.dtype,
-                                                     **implementation_kwargs(bundle.model.config))
+        stock = reload_float64(folder, ctx.dtype, **implementation_kwargs(bundle.model.config))
     stock = stock.to(ctx.device).eval()
     logits = comparable(stock(input_ids=nc, use_cache=False).logits[0])
     rows = [logit_comparison(reference[i], logits[i]) for i in range(G)]

@@ -13,9 +13,11 @@ closed_loop (W_down conditioned so Thm 10 divides by ±1). Per layer it records
 and per token the logits' agreement and the one-ulp sensitivity of the whole patched model (every layer's
 patched tensors, embedding output moved by one ulp) beside the unpatched model's.
 
-If the open loop's error grows by the same factor per layer in float64 as in float32, rounding is not what
+If the open loop's error is amplified beyond accumulation in float64 as in float32, rounding is not what
 grows it: the patched layers amplify whatever input error they get (their gain against the original's
-says by how much), so the algorithm, not this implementation, is what float64 cannot absorb. The closed
+says by how much), so the algorithm, not this implementation, is what float64 cannot absorb. Where the
+output rule divides by no MLP output (a matrix, Thm 9) the level itself is bounded: every layer within the
+dtype's rounding bar (patching/compare.ROUNDING). The closed
 loop on the same weights, the same code path, exact at every layer, is the control on the implementation.
 Claims: experiments/goldwaser/layer_errors_claims.py; figure: layer_errors_plot.py.
 """

@@ -4,8 +4,11 @@
 the patcher (any supported architecture, any variant) patches every layer for the prompt's last token,
 the patched model is saved with `save_pretrained` into RUN/patched (and the original random model into
 RUN/base, since it exists nowhere else), and the check is independent of the patching code: stock
-`AutoModelForCausalLM.from_pretrained(RUN/patched)`, fed the query token alone, against the original
-model's next-token logits after the whole prompt.
+`AutoModelForCausalLM.from_pretrained(RUN/patched)` (in float64 with the project's float64 norms and rotary
+tables, `zoo/float64.reload_float64`), fed the query token alone, against the original model's next-token
+logits after the whole prompt, within the dtype's bar (patching/compare.ROUNDING). An open loop's export is
+evidence (`goldwaser.export.*`); a closed loop's is a construction (`goldwaser.construction.export.*`),
+beside its control, the closed loop at the last layer alone, and its per-layer error against the record.
 """
 
 from __future__ import annotations
@@ -35,12 +38,12 @@ def validate(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     import torch
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     from experiments.core.runtime import dtype_name
     from experiments.patching.compare import comparable, logit_comparison
     from experiments.patching.export import export_patched
+    from experiments.zoo.float64 import reload_float64
     from experiments.zoo.loading import implementation_kwargs, load_model, model_label
     from experiments.zoo.quiet import quiet_transformers
     from experiments.zoo.threads import threads_for
@@ -52,10 +55,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     log.info("variant %s: %s", variant.name, describe(variant))
     with threads_for(bundle.model):
         summary = export_patched(bundle, str(cfg.prompt), ctx.run_dir, variant.name, bool(cfg.chat_template))
-    reference, control = summary.pop("reference_logits"), summary.pop("control_logits")
+    reference, control = summary["reference_logits"], summary["control_logits"]
     with quiet_transformers():
-        stock = AutoModelForCausalLM.from_pretrained(ctx.run_dir / "patched", dtype=ctx.dtype,
-                                                     **implementation_kwargs(bundle.model.config)).to(ctx.device)
+        stock = reload_float64(ctx.run_dir / "patched", ctx.dtype,
+                               **implementation_kwargs(bundle.model.config)).to(ctx.device)
     with torch.no_grad():
         query = torch.tensor([[summary["query_id"]]], device=ctx.device)
         got = comparable(stock(input_ids=query).logits[0, -1])
@@ -69,23 +72,57 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
              "model without it %r", summary["next_token_with_context"], decode([int(got.argmax())]),
              summary["next_token_without_context"])
     where = f"{cfg.model}, {dtype_name(ctx.dtype)}, {variant.name}"
+    check_claims(ctx, check, ctrl, summary, variant, dtype_name(ctx.dtype), where)
+
+
+def check_claims(ctx: RunContext, check: dict, ctrl: dict, summary: dict, variant, dtype: str, where: str) -> None:
+    """An open loop's export is evidence (`goldwaser.export.*`); a closed loop's is a construction
+    (`goldwaser.construction.export.*`): its logits agree by design, so beside them stand its control, the
+    closed loop at the last layer alone, and what tells them apart, the per-layer error against the record."""
+    from experiments.patching.compare import LAYER_EXACT, RECORD_DECADES, rounding_bar
+
+    kind = "goldwaser.export" if variant.evidence else "goldwaser.construction.export"
     ref = REF if variant.evidence else f"{REF} (construction: the closed loop solves for the with-context output)"
-    ctx.check("goldwaser.export.top1_reproduced", ref,
+    ctx.check(f"{kind}.top1_reproduced", ref,
               f"stock transformers loads the patched checkpoint and, fed the query token alone, picks the "
               f"original model's next token after the whole prompt ({where})", check["top1_match"], ">=", 1.0,
               measure="top-1 agrees (1) or not (0)")
     # The control: the unpatched model fed the query alone agrees on top-1 about half the time on a trained
     # model, so a top-1 match alone (the only claim in bfloat16) says little. The patched logits must be
     # much closer to the with-context ones than the control's are.
-    ctx.check("goldwaser.export.control_differs", ref + " (control)",
+    ctx.check(f"{kind}.control_differs", ref + " (control)",
               f"the control (unpatched model, query token alone) is far off where the exported checkpoint is "
               f"close: log10 of the logit L∞ ratio control / patched ({where})",
               math.log10(ctrl["logit_linf"] / max(check["logit_linf"], 1e-300)), ">=", 1.0,
               measure="log10(control L∞ / patched L∞)")
-    if ctx.dtype in (torch.float32, torch.float64):
-        ctx.check("goldwaser.export.logits_reproduced", ref,
-                  f"...and its logits equal the original model's at rounding level: max |Δlogit| / max |logit| "
-                  f"({where})", check["logit_linf_rel"], "<=", 1e-4)
+    if dtype in ("float32", "float64"):
+        ctx.check(f"{kind}.logits_reproduced", ref,
+                  f"...and its logits equal the original model's at {dtype}'s rounding level: max |Δlogit| / max "
+                  f"|logit| ({where})", check["logit_linf_rel"], "<=", rounding_bar(dtype))
+    last = summary.get("last_layer")
+    if variant.evidence or last is None:
+        return
+    passed = summary["passed"]
+    if dtype in ("float32", "float64"):
+        ctx.check(f"{kind}.last_layer_control_logits", ref + " (control)",
+                  f"its control, the closed loop at the last layer alone (every other layer unpatched), reaches the "
+                  f"with-context logits as well: max |Δlogit| / max |logit| ({where})",
+                  _rel(last.logits, summary), "<=", rounding_bar(dtype))
+        ctx.check(f"{kind}.every_layer", ref,
+                  f"the exported patch's pass: every layer's output against the record of the with-context pass, "
+                  f"max relative error over layers ({where})", max(passed.hidden_rel), "<=", LAYER_EXACT[dtype])
+    before_last = sorted(last.hidden_rel[:-1]) or [float("nan")]
+    ratio = before_last[len(before_last) // 2] / max(max(passed.hidden_rel), 1e-300)
+    ctx.check(f"{kind}.every_layer_control", ref + " (control)",
+              f"what tells the closed loop from its control: log10 of the control's median per-layer error against "
+              f"the record (layers before the last) over the exported closed loop's largest ({where})",
+              math.log10(max(ratio, 1e-300)), ">=", RECORD_DECADES[dtype], measure="log10(control / closed loop)")
+
+
+def _rel(logits, summary: dict) -> float:
+    from experiments.patching.compare import logit_comparison
+
+    return logit_comparison(summary["reference_logits"], logits)["logit_linf_rel"]
 
 
 def chosen_variant(cfg: DictConfig, model_type: str):

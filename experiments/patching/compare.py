@@ -3,12 +3,33 @@ experiment logs (patch_match, layer_errors, context_compile, patch_export, syste
 
 Logits are compared in float32, or in float64 for a float64 model: float64 end to end, so a difference of
 1e-12 is logged as 1e-12, not as 0, and two logits 4e-16 apart do not straddle a float32 midpoint.
+
+`ROUNDING` is the one table of what "the same up to rounding" means, per dtype: the bar of every rounding,
+logit and reload claim (patch_match, patch_export, layer_errors, context_compile, system_compile's reload),
+so a float64 run is judged by float64's bar and a float32 step slipped into it fails.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+# max |Δ| / max |reference| that counts as rounding: float64 ~1e-16 a step, with room for a few thousand steps and
+# the conditioning of a trained model; float32 and bfloat16 at their rounding level through a deep model
+ROUNDING = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-3}
+# a closed loop's per-layer error against the record (each layer solved for it: rounding of one layer)
+LAYER_EXACT = {"float64": 1e-10, "float32": 1e-4, "bfloat16": 5e-2}
+# a closed loop's last-layer control at least this many decades further from the record (bfloat16's own rounding,
+# 4e-3 a step, leaves two decades below an O(1) control)
+RECORD_DECADES = {"float64": 3.0, "float32": 3.0, "bfloat16": 1.0}
+
+
+def rounding_bar(dtype: torch.dtype | str) -> float:
+    """The relative bar of `dtype` (a torch dtype or its name, "float32"); one line naming the known ones."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in ROUNDING:
+        raise ValueError(f"no rounding bar for dtype {name!r}: one of {', '.join(ROUNDING)}")
+    return ROUNDING[name]
 
 
 def logit_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -26,10 +26,11 @@ from experiments.core.atomic import save_pretrained, write_json_atomic
 from experiments.core.errors import UserError
 from experiments.patching.compare import logit_comparison
 from experiments.patching.patcher import PatchedPass, Patcher, patched_weights
-from experiments.patching.variants import Variant
+from experiments.patching.variants import VARIANTS, ClosedLoopLastLayer, Variant
 from experiments.zoo.bundle import ModelBundle
 from experiments.zoo.prompts import encode_prompt
 
+LAST_LAYER = ClosedLoopLastLayer.name
 PAPER_PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
 
 
@@ -46,6 +47,8 @@ class PromptPatch:
     patched: torch.Tensor  # (vocab,) the patched weights' logits, fed the query alone
     control: torch.Tensor  # (vocab,) the unpatched model's logits, fed the query alone: what the patch must change
     passed: PatchedPass  # the patched pass: per-layer errors against the with-context record, div_zero, no_root
+    # a closed loop's control, the closed loop at the last layer alone: same logits, far from the record before it
+    last_layer: PatchedPass | None = None
 
 
 @torch.no_grad()
@@ -66,8 +69,9 @@ def patch_prompt(bundle: ModelBundle, prompt: str, variant: str = "naive", chat_
     control = patcher.control_logits(query)
     tensors: dict[str, torch.Tensor] = {}
     result = patcher.patched_pass(query, step, keep=tensors)
+    last = None if patcher.variant.evidence else patcher.patched_pass(query, step, variant=VARIANTS[LAST_LAYER])
     return PromptPatch(prompt, patcher.variant, ids[:, :-1], query, tensors, step.logits, result.logits, control,
-                       result)
+                       result, last)
 
 
 def save_patched(bundle: ModelBundle, patch: PromptPatch, out_dir: Path) -> dict:
@@ -105,4 +109,5 @@ def export_patched(bundle: ModelBundle, prompt: str, out_dir: Path, variant: str
     summary = save_patched(bundle, patch, out_dir)
     summary["reference_logits"] = patch.with_context  # not in inputs.json: for the caller's own check
     summary["control_logits"] = patch.control
+    summary["passed"], summary["last_layer"] = patch.passed, patch.last_layer  # per-layer errors, for the claims
     return summary

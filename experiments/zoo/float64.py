@@ -14,6 +14,9 @@ type keeps its stored float32 values and says so in one warning). A float64 run 
 from rounding: a patch that is exact in exact arithmetic is exact to float64's ~1e-16 (tested on the real
 Gemma 3 block).
 Only float64 models are touched; float32 and bfloat16 ones keep transformers' code as it is.
+`reload_float64(folder, dtype)` is the one way a saved checkpoint is reloaded for a check (patch_export,
+context_compile, system_compile): stock `from_pretrained`, then, for float64, the same float64 steps as the
+model that saved it, so a float64 reload is compared with float64's bar, not with float32's rotary tables.
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ def exact_float64_(model: nn.Module) -> nn.Module:
         if config is not None and getattr(config, "_attn_implementation", None) == "eager":
             config._attn_implementation = "sdpa"  # eager's softmax is float32; SDPA's is the inputs' dtype
     return model
+
+
+def reload_float64(folder, dtype: torch.dtype, **kwargs) -> nn.Module:
+    """Stock `AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)` in eval mode; a float64 one
+    computes every step in float64 (`exact_float64_`), as the model the project loaded and saved did."""
+    from transformers import AutoModelForCausalLM
+
+    return exact_float64_(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval())
 
 
 def _has_inv_freq(module: nn.Module) -> bool:

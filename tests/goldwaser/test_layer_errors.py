@@ -260,18 +260,36 @@ def test_growth_claims_tell_amplification_from_accumulation(smoke_run, tmp_path)
     acc = m
     for dtype, u in unit.items():
         acc = _set(acc, "hidden_rel", "naive", lambda layer, u=u: u * (layer + 1), dtype)
-    assert not _claims(acc, tmp_path).loc["goldwaser.alg1.naive_float64_amplifies_beyond_accumulation", "passed"]
+    assert not _claims(acc, tmp_path).loc["goldwaser.alg1.naive_amplifies_beyond_accumulation", "passed"]
     # true amplification, 100x a layer in both dtypes: the same growth, the algorithm's; and beyond float32's budget
     steep = m
     for dtype, u in unit.items():
         steep = _set(steep, "hidden_rel", "naive", lambda layer, u=u: u * 100.0 ** layer, dtype)
     c = _claims(steep, tmp_path)
-    assert c.loc["goldwaser.alg1.naive_growth_same_in_float64_and_float32", "passed"]
-    assert c.loc["goldwaser.alg1.naive_float64_amplifies_beyond_accumulation", "passed"]
+    assert c.loc["goldwaser.alg1.naive_amplifies_beyond_accumulation", "passed"]
+    assert c.loc["goldwaser.alg1.naive_float64_first_layer_at_rounding", "passed"]
     assert not c.loc["goldwaser.alg1.naive_float64_growth_within_float32_budget", "passed"]
-    # ...unless float32 grows otherwise
-    other = _set(steep, "hidden_rel", "naive", lambda layer: 6e-8 * 10.0 ** layer, "float32")
-    assert not _claims(other, tmp_path).loc["goldwaser.alg1.naive_growth_same_in_float64_and_float32", "passed"]
+    # ...in both dtypes: float32 merely accumulating fails it
+    flat32 = _set(steep, "hidden_rel", "naive", lambda layer: 6e-8 * (layer + 1), "float32")
+    assert not _claims(flat32, tmp_path).loc["goldwaser.alg1.naive_amplifies_beyond_accumulation", "passed"]
+
+
+def test_a_token_off_at_every_layer_or_not_a_number_fails_the_open_loop_claims(smoke_run, tmp_path):
+    """A token O(1) wrong from layer 0 on, or NaN at one layer, was once dropped from the growth medians and the
+    claims passed on the other tokens; now it fails them."""
+    m = pd.read_csv(smoke_run / "metrics.csv")
+    unit = {"float32": 6e-8, "float64": 1e-16}
+    steep = m
+    for dtype, u in unit.items():
+        steep = _set(steep, "hidden_rel", "naive", lambda layer, u=u: u * 100.0 ** layer, dtype)
+    assert _claims(steep, tmp_path).loc["goldwaser.alg1.naive_amplifies_beyond_accumulation", "passed"]
+    token = (steep["metric"] == "hidden_rel") & (steep["variant"] == "naive") & (steep["token"] == 0)
+    for bad in (0.5, float("nan")):
+        broken = steep.copy()
+        broken.loc[token & (broken["dtype"] == "float64"), "value"] = bad
+        c = _claims(broken, tmp_path)
+        assert not c.loc["goldwaser.alg1.naive_amplifies_beyond_accumulation", "passed"], bad
+        assert not c.loc["goldwaser.alg1.naive_float64_first_layer_at_rounding", "passed"], bad
 
 
 def test_gain_claims_are_judged_at_the_worst_layer(smoke_run, tmp_path):
@@ -298,10 +316,10 @@ def test_sensitivity_claim_fails_for_a_closed_loop_as_sensitive_as_thm10_alone(s
 
 
 # -- the real, trained Gemma 3 270M ------------------------------------------------------------------------
-def test_real_gemma_float64_closed_loop_exact_and_open_loop_error_grows():
+def test_real_gemma_float64_closed_loop_exact_and_open_loop_measured():
     """One token after a short prompt, float64 end to end: the closed loop is exact at float64 rounding at
-    every layer; the open loop's error grows by orders of magnitude from layer to layer on the same weights."""
-    from experiments.goldwaser.layer_errors_claims import median_growth
+    every layer; the open loop's error starts at rounding level (how far it grows depends on the CPU's kernels:
+    the claims measure it, no test asserts it)."""
     from experiments.patching.patcher import Patcher
     from experiments.zoo.loading import load_model
     from experiments.zoo.prompts import encode_prompt
@@ -320,8 +338,7 @@ def test_real_gemma_float64_closed_loop_exact_and_open_loop_error_grows():
     closed = m[m["variant"] == "closed_loop"]["value"]
     naive = m[m["variant"] == "naive"].sort_values("layer")["value"].to_numpy()
     assert len(closed) == 18 and closed.max() <= 1e-12
-    assert naive[-1] > 1e6 * naive[0] and naive[-1] > 1e-3
-    assert median_growth(m, "float64") > 3.0  # the finding: ~10x a layer before saturation
+    assert naive[0] < 1e-13 and all(e == e for e in naive)
 
 
 def test_a_matrix_output_rule_expects_no_amplification_and_fails_on_it(smoke_run, tmp_path):
@@ -330,10 +347,30 @@ def test_a_matrix_output_rule_expects_no_amplification_and_fails_on_it(smoke_run
     m = pd.read_csv(smoke_run / "metrics.csv").assign(rule="outer_weight")
     flat = _set(m, "hidden_rel", "naive", lambda layer: 1e-15 * (1 + 0.1 * layer), "float64")
     c = _claims(flat, tmp_path)
-    assert "goldwaser.alg1.naive_float64_amplifies_beyond_accumulation" not in c.index
+    assert "goldwaser.alg1.naive_amplifies_beyond_accumulation" not in c.index
     assert c.loc["goldwaser.alg1.naive_float64_not_amplified", "passed"]
     steep = _set(m, "hidden_rel", "naive", lambda layer: 1e-15 * 100.0 ** layer, "float64")
     assert not _claims(steep, tmp_path).loc["goldwaser.alg1.naive_float64_not_amplified", "passed"]
+
+
+def test_a_matrix_rule_bounds_the_open_loops_level_in_each_dtype(smoke_run, tmp_path):
+    """The growth claims are ratios: ΔW × 1.001 (every layer off by 1e-3, flat) passes them. The level claim, a
+    claim per dtype, bounds every layer's error by the dtype's rounding bar; it fails on that and on a NaN."""
+    m = pd.read_csv(smoke_run / "metrics.csv").assign(rule="outer_weight")
+    flat = m
+    for dtype, u in {"float32": 6e-8, "float64": 1e-16}.items():
+        flat = _set(flat, "hidden_rel", "naive", lambda layer, u=u: u * (layer + 1), dtype)
+    c = _claims(flat, tmp_path)
+    for dtype in ("float32", "float64"):
+        assert c.loc[f"goldwaser.alg1.naive_{dtype}_every_layer_at_rounding", "passed"], dtype
+    scaled = _set(flat, "hidden_rel", "naive", lambda layer: 1e-3, "float64")
+    c = _claims(scaled, tmp_path)
+    assert c.loc["goldwaser.alg1.naive_float64_not_amplified", "passed"]  # a ratio: flat passes
+    assert not c.loc["goldwaser.alg1.naive_float64_every_layer_at_rounding", "passed"]
+    sel = (flat["metric"] == "hidden_rel") & (flat["variant"] == "naive") & (flat["dtype"] == "float32")
+    nan = flat.copy()
+    nan.loc[sel & (nan["layer"] == 2) & (nan["token"] == 0), "value"] = float("nan")
+    assert not _claims(nan, tmp_path).loc["goldwaser.alg1.naive_float32_every_layer_at_rounding", "passed"]
 
 
 def test_default_variants_are_those_the_block_takes():

@@ -98,9 +98,9 @@ def test_export_control_fails_when_the_checkpoint_is_not_patched(tmp_path, monke
     from tests.in_process import run_claims
 
     args = ("model=tiny-llama", "variant=closed_loop", f"dtype={dtype}", "prompt=Write a haiku about snow.")
-    claim = "goldwaser.export.control_differs"
+    claim = "goldwaser.construction.export.control_differs"  # a closed loop's export is a construction
     real = run_claims("patch_export", tmp_path / "real", *args)
-    assert real.loc[claim, "passed"] and real.loc["goldwaser.export.top1_reproduced", "passed"]
+    assert real.loc[claim, "passed"] and real.loc["goldwaser.construction.export.top1_reproduced", "passed"]
     patch = export.export_patched
 
     def unpatched(bundle, prompt, out_dir, *rest):
@@ -111,3 +111,41 @@ def test_export_control_fails_when_the_checkpoint_is_not_patched(tmp_path, monke
     monkeypatch.setattr(export, "export_patched", unpatched)
     broken = run_claims("patch_export", tmp_path / "unpatched", *args)
     assert not broken.loc[claim, "passed"] and abs(broken.loc[claim, "measured"]) < 0.1  # the same model twice
+
+
+def test_a_closed_loop_export_is_a_construction_with_its_control_and_per_layer_claims(tmp_path):
+    """A closed loop's export gets construction ids only, its last-layer control (the same logits) and the
+    per-layer error against the record that tells the two apart; an open loop's export keeps the evidence ids."""
+    from tests.in_process import run_claims
+
+    closed = run_claims("patch_export", tmp_path / "closed", "model=tiny-llama", "variant=closed_loop",
+                        "dtype=float64", "prompt=Write a haiku about snow.")
+    assert all(i.startswith("goldwaser.construction.export.") for i in closed.index), list(closed.index)
+    for name in ("every_layer", "every_layer_control", "last_layer_control_logits", "logits_reproduced"):
+        assert closed.loc[f"goldwaser.construction.export.{name}", "passed"], closed.loc[:, "measured"]
+    assert closed.loc["goldwaser.construction.export.logits_reproduced", "tolerance"] == 1e-9  # float64's bar
+    naive = run_claims("patch_export", tmp_path / "naive", "model=tiny-llama", "variant=naive", "dtype=float64",
+                       "prompt=Write a haiku about snow.")
+    assert all(i.startswith("goldwaser.export.") for i in naive.index), list(naive.index)
+    assert naive.loc["goldwaser.export.logits_reproduced", "measured"] <= 1e-12  # a float64 reload, float64 end to end
+
+
+def test_a_float64_reload_computes_as_the_model_that_saved_it(tmp_path):
+    """A float64 checkpoint reloaded by stock from_pretrained computes its rotary tables and norms in float32
+    (1.7e-7 off on tiny-llama); `reload_float64` gives it the project's float64 steps: the same logits to 1e-12."""
+    from transformers import AutoModelForCausalLM
+
+    from experiments.core.atomic import save_pretrained
+    from experiments.patching.compare import logit_comparison
+    from experiments.zoo.float64 import reload_float64
+    from experiments.zoo.loading import load_model
+
+    bundle = load_model("tiny-llama", torch.float64)
+    save_pretrained(bundle.model, tmp_path / "m")
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
+    with torch.no_grad():
+        want = bundle.model(input_ids=ids).logits[0]
+        got = reload_float64(tmp_path / "m", torch.float64)(input_ids=ids).logits[0]
+        plain = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float64)(input_ids=ids).logits[0]
+    assert logit_comparison(want, got)["logit_linf_rel"] <= 1e-12
+    assert logit_comparison(want, plain)["logit_linf_rel"] > 1e-12  # the control: a plain reload is not float64

@@ -30,7 +30,9 @@ def test_smoke_run_on_gpt2_bfloat16_writes_metrics_and_claims(smoke_runs, tmp_pa
     claims = pd.read_csv(run_dir / "claims.csv").set_index("id")
     # a closed loop: construction claims only, its last-layer control beside it, no paper's number
     assert set(claims.index) == {"goldwaser.construction.closed_loop_bfloat16_top1_match",
-                                 "goldwaser.construction.closed_loop_bfloat16_last_layer_control_top1"}
+                                 "goldwaser.construction.closed_loop_bfloat16_last_layer_control_top1",
+                                 "goldwaser.construction.closed_loop_bfloat16_every_layer",
+                                 "goldwaser.construction.closed_loop_bfloat16_every_layer_control"}
     assert claims["paper_value"].isna().all()
     match = claims.loc["goldwaser.construction.closed_loop_bfloat16_top1_match"]
     assert match["measured"] == pytest.approx(100 * top1["value"].mean())

@@ -44,9 +44,9 @@ def usage(folder: Path, cfg: DictConfig, query: str, max_new: int) -> list[str]:
 @torch.no_grad()
 def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, gen: Generation, prompt,
                     method: str) -> None:
-    from transformers import AutoModelForCausalLM
 
     from experiments.core.atomic import save_pretrained, write_json_atomic
+    from experiments.zoo.float64 import reload_float64
     from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
@@ -54,7 +54,7 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, ge
     with quiet_transformers():  # no "Writing model shards" bar
         save_pretrained(model, folder)
         save_pretrained(tok, folder)
-        stock = AutoModelForCausalLM.from_pretrained(folder, dtype=ctx.dtype, **implementation_kwargs(model.config))
+        stock = reload_float64(folder, ctx.dtype, **implementation_kwargs(model.config))
     stock = stock.to(ctx.device).eval()
     held = ref.indices("heldout")
     worst, kls = 0.0, []

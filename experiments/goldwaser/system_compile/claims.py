@@ -11,9 +11,9 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from experiments.core.results import RunContext
+from experiments.patching.compare import rounding_bar
 
 REF = "beyond the papers: a system prompt compiled into weights (Goldwaser §6; Prompt Baking)"
-ROUNDING = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1e-2, "float16": 1e-3}  # reload: same weights, same forward
 METHOD_WORDS = {"analytic": "the analytic fixed patch (least squares over the fit queries' positions)",
                 "bake": "the baked LoRA (trained on KL over the fit queries' continuations)"}
 
@@ -57,7 +57,7 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
         ctx.check("system_compile.checkpoint.reproduced", REF + " (checkpoint)",
                   "the saved checkpoint, reloaded by stock transformers, gives the logits of the compiled model the "
                   f"run measured, on the held-out queries: max |Δlogit| / max |logit| ({cfg.model}, {dtype})",
-                  reload["value"].max(), "<=", ROUNDING.get(dtype, 1e-5), measure="relative logit L∞")
+                  reload["value"].max(), "<=", rounding_bar(dtype), measure="relative logit L∞")
         same = m[m["metric"] == "reload_same_generation"]["value"]
         ctx.check("system_compile.checkpoint.same_generations", REF + " (checkpoint)",
                   "the reloaded checkpoint's free greedy generations from the held-out queries are the ones the run "
