@@ -46,6 +46,9 @@ class Experiment:
     reproduce_sweep: tuple[str, ...] = ()
     # a config key that, when set, names the run folder (patch_export's `out`): the CLI makes it hydra.run.dir
     run_dir_key: str | None = None
+    # a sweep over seeds only: the fraction of seeds a claim must pass on to pass (core/seeds.py); every seed
+    # unless an experiment says why fewer suffice
+    seed_quorum: float = 1.0
 
     @property
     def figures_label(self) -> str:

@@ -30,7 +30,10 @@ def _sweep(folder: Path, *args: str, env: dict | None = None) -> subprocess.Comp
 
 
 def _claims(folder: Path) -> pd.DataFrame:
-    return pd.read_csv(folder / "claims.csv").sort_values(["job", "id"]).reset_index(drop=True)
+    """The sweep's combined claims (over seeds: one row per claim) and each job's own."""
+    frames = [pd.read_csv(p).assign(file=str(p.relative_to(folder))) for p in sorted(folder.glob("*claims.csv"))]
+    frames += [pd.read_csv(p).assign(file=str(p.relative_to(folder))) for p in sorted(folder.glob("*/claims.csv"))]
+    return pd.concat(frames, ignore_index=True)
 
 
 def _record(job: Path) -> dict:
