@@ -66,6 +66,7 @@ class RunContext:
     notes: list[str] = field(default_factory=list)
     _rows: list[dict[str, Any]] = field(default_factory=list)
     _claims: list[dict[str, Any]] = field(default_factory=list)
+    _samples: list[dict[str, Any]] = field(default_factory=list)  # samples.jsonl (core/samples.py)
     _last_flush: float = field(default_factory=time.monotonic)
 
     # -- metrics ---------------------------------------------------------------------------
@@ -123,6 +124,11 @@ class RunContext:
     def claims(self) -> pd.DataFrame:
         return pd.DataFrame(self._claims, columns=CLAIM_COLUMNS)
 
+    # -- samples -----------------------------------------------------------------------------
+    def sample(self, record: dict[str, Any]) -> None:
+        """One line of samples.jsonl: a generated token as each model saw it (core/samples.token_sample)."""
+        self._samples.append(record)
+
     # -- files -----------------------------------------------------------------------------
     @property
     def figures_dir(self) -> Path:
@@ -136,6 +142,10 @@ class RunContext:
         write_csv_atomic(self.run_dir / METRICS_FILE, self.metrics())
         if self._claims:
             write_csv_atomic(self.run_dir / CLAIMS_FILE, self.claims())
+        if self._samples:
+            from experiments.core.samples import SAMPLES_FILE, write_samples
+
+            write_samples(self.run_dir / SAMPLES_FILE, self._samples)
         self._last_flush = time.monotonic()
 
 
