@@ -41,6 +41,19 @@ def write_csv_atomic(path: Path, frame: pd.DataFrame) -> None:
     write_atomic(path, lambda p: frame.to_csv(p, index=False))
 
 
+# Callables handed each row ctx.log writes, as it is written: the trackers (core/trackers.py, logger=...)
+_SINKS: list = []
+
+
+def add_sink(sink) -> None:
+    _SINKS.append(sink)
+
+
+def remove_sink(sink) -> None:
+    if sink in _SINKS:
+        _SINKS.remove(sink)
+
+
 def _as_scalar(value: Any) -> Any:
     """Tensors and numpy scalars to plain python, so CSVs hold numbers, not reprs."""
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
@@ -76,6 +89,8 @@ class RunContext:
                "value": float(_as_scalar(value))}
         row.update({k: _as_scalar(v) for k, v in index.items()})
         self._rows.append(row)
+        for sink in _SINKS:
+            sink(row)
         if time.monotonic() - self._last_flush > self.flush_every_s:
             self.flush()
 
