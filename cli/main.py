@@ -62,6 +62,8 @@ def _run_help() -> str:
         "Overrides go to Hydra's own entry point, so `-m` (a sweep: `-m seed=0,1,2`), `hydra/launcher=parallel` "
         "or `hydra/launcher=slurm`, `hydra.run.dir=...`, `hydra.sweep.dir=...` and `--cfg job` work as in any "
         "Hydra app.",
+        "A sweep that stopped: `icl-exp resume SWEEP_DIR` runs its unfinished jobs. A tracker: logger=mlflow, "
+        "logger=tensorboard or logger=wandb (offline by default).",
     ])
 
 

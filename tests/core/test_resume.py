@@ -110,3 +110,13 @@ def test_consecutive_jobs_launch_together():
     from experiments.core.resume import runs_of
 
     assert runs_of([1, 2, 5, 7, 8]) == [[1, 2], [5], [7, 8]] and runs_of([]) == []
+
+
+def test_allow_changed_resumes_and_says_each_change(tmp_path):
+    sweep = _fake_sweep(tmp_path / "sweep", "0000000000abcdef")
+    proc = _cli("resume", str(sweep), "--allow-changed")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "warning: job 0 ran at commit 0000000000ab, the code is now at" in proc.stderr
+    assert _record(sweep / "1")["status"] == "complete" and _record(sweep / "1")["seed"] == 1
+    assert json.loads((sweep / "0" / "run.json").read_text())["git"]["commit"] == "0000000000abcdef"  # untouched
