@@ -62,6 +62,8 @@ def _run_help() -> str:
         "Overrides go to Hydra's own entry point, so `-m` (a sweep: `-m seed=0,1,2`), `hydra/launcher=parallel` "
         "or `hydra/launcher=slurm`, `hydra.run.dir=...`, `hydra.sweep.dir=...` and `--cfg job` work as in any "
         "Hydra app.",
+        "A sweep that stopped: `icl-exp resume SWEEP_DIR` runs its unfinished jobs. A tracker: logger=mlflow, "
+        "logger=tensorboard or logger=wandb (offline by default).",
     ])
 
 
@@ -75,7 +77,14 @@ def run(
     """Run NAME with Hydra overrides (the help text is _run_help)."""
     from cli.launch import launch
 
-    return launch(name, list(ctx.args), multirun)
+    args = list(ctx.args)
+    if any(a.startswith("resume=") for a in args):  # `-m ... resume=SWEEP_DIR`: the sweep's unfinished jobs
+        from cli.resume import ALLOW_CHANGED, resume_sweep
+
+        folder = [a.split("=", 1)[1] for a in args if a.startswith("resume=")][-1]
+        rest = [a for a in args if not a.startswith("resume=") and a != ALLOW_CHANGED]
+        return resume_sweep(Path(folder), ALLOW_CHANGED in args, name, rest)
+    return launch(name, args, multirun)
 
 
 @app.command()
@@ -111,7 +120,8 @@ def _register_subcommands() -> None:
     import importlib
 
     for module_name, attr, cmd in (("cli.patch", "app", "patch"), ("cli.report", "report", "report"),
-                                   ("cli.reproduce", "reproduce", "reproduce")):
+                                   ("cli.reproduce", "reproduce", "reproduce"),
+                                   ("cli.resume", "resume", "resume"), ("cli.show", "show", "show")):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:

@@ -106,7 +106,9 @@ def _check_sweeps_and_groups(name: str, parsed: list[Override], multirun: bool) 
                 values = []
             for value in values:
                 if value not in options:
-                    raise UserError(f"{key}={value} is not a {key}: choose one of {', '.join(options)}")
+                    close = difflib.get_close_matches(value, options, n=1, cutoff=0.6)
+                    mean = f"; did you mean {key}={close[0]}?" if close else ""
+                    raise UserError(f"{key}={value} is not a {key}: choose one of {', '.join(options)}{mean}")
 
 
 def _check_added_keys(parsed: list[Override], ref: DictConfig) -> None:
@@ -197,6 +199,23 @@ def _check_launcher(parsed: list[Override]) -> None:
                 _, extra, package = LAUNCHER_EXTRAS[value]
                 raise UserError(f"hydra/launcher={value} needs the {extra} extra, which is not installed: "
                                 f"pip install -e '.[{extra}]' (installs {package})")
+
+
+def _check_logger(parsed: list[Override]) -> None:
+    """`logger=mlflow` without its package: the extra that installs it, in one line, before any run."""
+    from experiments.core.trackers import EXTRAS
+
+    for o in parsed:
+        if o.key_or_group != "logger" or o.is_delete():
+            continue
+        try:
+            values = [str(v) for v in o.sweep_string_iterator()] if o.is_sweep_override() else [str(o.value())]
+        except Exception:
+            continue
+        for value in values:
+            if value in EXTRAS and not _plugin_installed(EXTRAS[value][0]):
+                raise UserError(f"logger={value} needs the {EXTRAS[value][1]} extra, which is not installed: "
+                                f"pip install -e '.[{EXTRAS[value][1]}]'")
 
 
 def _check_parallel_gpus(configs: list[DictConfig]) -> None:
@@ -309,6 +328,7 @@ def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple
     except HydraException as err:
         raise UserError(f"cannot parse overrides: {first_line(err)}") from None
     _check_launcher(parsed)
+    _check_logger(parsed)
     if any(o.key_or_group == "experiment" for o in parsed):
         raise UserError("give the experiment as `icl-exp run NAME`, not experiment=NAME")
     _check_sweeps_and_groups(name, parsed, multirun)

@@ -26,6 +26,7 @@ from experiments.core.results import (
     read_metrics,
     write_csv_atomic,
 )
+from experiments.core.seeds import aggregate_claims, plot_claims_over_seeds, seeds_only
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +139,28 @@ def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
         # runs from before claim ids are combined as they are (icl-exp report lists them as such)
         columns = [c for c in CLAIM_COLUMNS if c in combined.columns] if "id" in combined.columns \
             else [c for c in combined.columns if c != "job"]
-        write_csv_atomic(sweep_dir / CLAIMS_FILE, combined[["job", *columns]])
+        combined = combined[["job", *columns]]
+        over_seeds = _over_seeds(sweep_dir, jobs, exp, combined)
+        write_csv_atomic(sweep_dir / CLAIMS_FILE, combined if over_seeds is None else over_seeds)
     with figure_caption(figure_title(exp, metrics, [_record(j) for j in jobs])):
-        return exp.plot(metrics, sweep_dir / FIGURES_DIR)
+        drawn = exp.plot(metrics, sweep_dir / FIGURES_DIR)
+        if claims and over_seeds is not None:
+            drawn += plot_claims_over_seeds(combined, over_seeds, sweep_dir / FIGURES_DIR)
+        return drawn
+
+
+def _over_seeds(sweep_dir: Path, jobs: list[Path], exp: registry.Experiment, combined: pd.DataFrame):
+    """A sweep whose jobs all completed and differ only by seed: its claims one row each (core/seeds.py);
+    otherwise None, and the combined claims stay one row per job (a failed seed must not vanish from a tally)."""
+    from experiments.core.summary import sweep_job_dirs
+
+    if "id" not in combined.columns or len(sweep_job_dirs(sweep_dir)) != len(jobs):
+        return None
+    records = [_record(j) for j in jobs]
+    if not seeds_only([list(r.get("overrides") or []) for r in records]):
+        return None
+    seeds = {j.name: r.get("seed") for j, r in zip(jobs, records, strict=True)}
+    return aggregate_claims(combined, seeds, getattr(exp, "seed_quorum", 1.0))
 
 
 def no_such_folder(path: Path, hint: str) -> UserError:

@@ -49,6 +49,9 @@ class Experiment:
     # (device, dtype) the experiment always computes in, whatever device= and dtype= say (wq_reparam: its
     # constructions are float64 on the CPU): the runner gives it these, and run.json records what ran
     computes_in: tuple[str, str] | None = None
+    # a sweep over seeds only: the fraction of seeds a claim must pass on to pass (core/seeds.py); every seed
+    # unless an experiment says why fewer suffice
+    seed_quorum: float = 1.0
 
     @property
     def figures_label(self) -> str:

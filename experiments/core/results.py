@@ -41,6 +41,19 @@ def write_csv_atomic(path: Path, frame: pd.DataFrame) -> None:
     write_atomic(path, lambda p: frame.to_csv(p, index=False))
 
 
+# Callables handed each row ctx.log writes, as it is written: the trackers (core/trackers.py, logger=...)
+_SINKS: list = []
+
+
+def add_sink(sink) -> None:
+    _SINKS.append(sink)
+
+
+def remove_sink(sink) -> None:
+    if sink in _SINKS:
+        _SINKS.remove(sink)
+
+
 def _as_scalar(value: Any) -> Any:
     """Tensors and numpy scalars to plain python, so CSVs hold numbers, not reprs."""
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
@@ -66,6 +79,7 @@ class RunContext:
     notes: list[str] = field(default_factory=list)
     _rows: list[dict[str, Any]] = field(default_factory=list)
     _claims: list[dict[str, Any]] = field(default_factory=list)
+    _samples: list[dict[str, Any]] = field(default_factory=list)  # samples.jsonl (core/samples.py)
     _last_flush: float = field(default_factory=time.monotonic)
 
     # -- metrics ---------------------------------------------------------------------------
@@ -75,6 +89,8 @@ class RunContext:
                "value": float(_as_scalar(value))}
         row.update({k: _as_scalar(v) for k, v in index.items()})
         self._rows.append(row)
+        for sink in _SINKS:
+            sink(row)
         if time.monotonic() - self._last_flush > self.flush_every_s:
             self.flush()
 
@@ -123,6 +139,11 @@ class RunContext:
     def claims(self) -> pd.DataFrame:
         return pd.DataFrame(self._claims, columns=CLAIM_COLUMNS)
 
+    # -- samples -----------------------------------------------------------------------------
+    def sample(self, record: dict[str, Any]) -> None:
+        """One line of samples.jsonl: a generated token as each model saw it (core/samples.token_sample)."""
+        self._samples.append(record)
+
     # -- files -----------------------------------------------------------------------------
     @property
     def figures_dir(self) -> Path:
@@ -136,6 +157,10 @@ class RunContext:
         write_csv_atomic(self.run_dir / METRICS_FILE, self.metrics())
         if self._claims:
             write_csv_atomic(self.run_dir / CLAIMS_FILE, self.claims())
+        if self._samples:
+            from experiments.core.samples import SAMPLES_FILE, write_samples
+
+            write_samples(self.run_dir / SAMPLES_FILE, self._samples)
         self._last_flush = time.monotonic()
 
 

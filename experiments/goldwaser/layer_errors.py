@@ -95,6 +95,7 @@ def chosen_variants(cfg: DictConfig, adapter) -> list[str]:
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     """Per dtype (the model loaded in it), per variant, per prompt and token: `measure_prompt`."""
     from experiments.core.runtime import resolve_dtype
+    from experiments.core.samples import token_sample
     from experiments.patching.arch import adapter_for
     from experiments.zoo.loading import check_model, load_model, model_label
     from experiments.zoo.prompts import encode_prompt
@@ -119,6 +120,10 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
                                                      float(cfg.delta_rel[dtype]), int(cfg.seed), original_sensitivity,
                                                      key=p):
                             log_token(ctx, result, variant=variant, prompt=p, **index)
+                            ctx.sample(token_sample(bundle.tokenizer, result["step"], result["context"],
+                                                    result["patched"].logits, result["control"], prompt=p,
+                                                    position=inputs["input_ids"].shape[1] + result["step"],
+                                                    variant=variant, dtype=dtype))
                             bar.advance(1, info=f"{dtype} {variant} prompt {p + 1}/{len(prompts)}")
             del bundle
     check_claims(ctx, ctx.metrics())
@@ -150,8 +155,8 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
         gains = layer_gains(patcher, query, ctx.targets, keep, delta_rel, torch.Generator().manual_seed(seed + step))
         if (key, step) not in original_sensitivity:
             original_sensitivity[key, step] = one_ulp_sensitivity(model, query)
-        per_layer = [dict(g, control_hidden_rel=c) for g, c in
-                     zip(gains, patcher.control_pass(query, ctx.record).hidden_rel, strict=True)]
+        control = patcher.control_pass(query, ctx.record)
+        per_layer = [dict(g, control_hidden_rel=c) for g, c in zip(gains, control.hidden_rel, strict=True)]
         if counterpart:
             open_keep: dict = {}
             patcher.patched_pass(query, ctx, keep=open_keep, variant=VARIANTS[counterpart])
@@ -160,7 +165,7 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
         yield dict(step=step, token_id=int(query.view(-1)[0]), patched=patched, per_layer=per_layer,
                    logits=logit_comparison(context, patched.logits),
                    one_ulp_patched=one_ulp_sensitivity(model, query, keep),
-                   one_ulp_original=original_sensitivity[key, step])
+                   one_ulp_original=original_sensitivity[key, step], context=context, control=control.logits)
         query = context.argmax().view(1, 1).to(ids.device)
 
 

@@ -104,6 +104,7 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
     """Every prompt: generate with the context and compare with the patched model at every token."""
     import torch
 
+    from experiments.core.samples import token_sample
     from experiments.patching.generate import compare_generation, coupled_sampler, greedy
     from experiments.patching.patcher import Patcher
     from experiments.zoo.prompts import encode_prompt, stop_token_ids
@@ -130,6 +131,10 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
             for st in compare_generation(patcher, inputs, int(cfg.max_new_tokens), choose, stop_ids,
                                          bool(cfg.control), stock_at):
                 log_step(ctx, st, token_text(bundle.tokenizer, st.token_id), prompt=p, **index)
+                ctx.sample(token_sample(bundle.tokenizer, st.step, st.context, st.patched.logits,
+                                        st.control.logits if st.control is not None else None, st.token_id,
+                                        prompt=p, position=inputs["input_ids"].shape[1] + st.step,
+                                        **{k: index[k] for k in ("model", "dtype", "variant")}))
                 steps += 1
                 matches += st.token_id == st.patched_token_id
                 bar.advance(1, info=f"prompt {p + 1}/{len(encoded)}: top-1 match {matches}/{steps}")

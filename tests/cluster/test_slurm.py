@@ -1,7 +1,8 @@
 """Sweeps through the real `hydra/launcher=slurm` (hydra-submitit-launcher) on a one-node SLURM cluster
 started on this machine (conftest.py): a sweep completes; a failing job leaves its sibling complete and
-the sweep exits 1; sbatch's refusal is one line; `scancel` leaves run.json `interrupted`; gpt_wq as two
-gloo ranks under srun + torchrun takes the same steps as one process."""
+the sweep exits 1, and `icl-exp resume` runs that job alone; sbatch's refusal is one line; `scancel`
+leaves run.json `interrupted`; gpt_wq as two gloo ranks under srun + torchrun takes the same steps as one
+process."""
 
 from __future__ import annotations
 
@@ -66,6 +67,25 @@ def test_a_failing_job_is_marked_failed_and_its_sibling_completes(slurm, tmp_pat
     assert "seed=1" in line and "deliberate failure" in line
     assert "1 of 2 jobs failed" in out
     assert pd.read_csv(sweep / "claims.csv").job.astype(str).unique().tolist() == ["0"]
+    _no_poll_noise(out)
+
+
+def test_a_sweep_with_a_failed_job_resumes_that_job_alone_on_slurm(slurm, tmp_path):
+    """`icl-exp resume`: the failed job runs again through SLURM in its own folder, the complete one stays."""
+    sweep = tmp_path / "sweep"
+    proc = _cli(slurm, "run", "linreg_icl", "-m", "hydra/launcher=slurm", *SMALL, *ONE_CPU, "seed=0,1",
+                f"hydra.sweep.dir={sweep}", env=_user_error_for_seed(tmp_path, 1))
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    kept = _status(sweep / "0")
+    submitted = set((sweep / ".submitit").iterdir())
+    resumed = _cli(slurm, "resume", str(sweep))
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"resuming {sweep}: job 1 of 2" in out
+    assert set((sweep / ".submitit").iterdir()) > submitted  # submitted to SLURM again, as the sweep was
+    assert _status(sweep / "0") == kept and _status(sweep / "1")["status"] == "complete"
+    assert "all 2 jobs complete" in out
+    assert pd.read_csv(sweep / "claims.csv").n_seeds.tolist() == [2] * len(pd.read_csv(sweep / "0" / "claims.csv"))
     _no_poll_noise(out)
 
 

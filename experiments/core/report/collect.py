@@ -8,6 +8,7 @@ science) and is not counted by `--strict`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,9 +17,11 @@ import pandas as pd
 from experiments.core import registry
 from experiments.core.report.runs import NOT_COMPLETE, SMOKE, Run, find_runs, rel, select_runs
 from experiments.core.results import CHECK_COLUMNS, CLAIM_COLUMNS, CLAIMS_FILE
+from experiments.core.seeds import interval95, seeds_only
 
 OTHER = "other"  # the paper group of runs whose experiment is no longer registered
 CLAIMS_SHOWN = ["paper", "experiment", *CLAIM_COLUMNS, "run", "preset", "model", "job", "unit"]
+SEED_SHOWN = ["over_seeds", "measured_lo", "measured_hi", "seeds"]  # a sweep over seeds only (fold_jobs)
 
 
 @dataclass
@@ -62,7 +65,7 @@ def fold_jobs(claims: pd.DataFrame) -> pd.DataFrame:
     """One row per (experiment, run or sweep, claim id): a sweep's jobs folded, measured_min / measured_max
     over them, passed only if every job passed, `jobs` and `jobs_passed` counted; `expected` marks a
     failure of a preset=smoke run (expected there, not counted by --strict)."""
-    columns = [*CLAIMS_SHOWN, "measured_min", "measured_max", "jobs", "jobs_passed", "expected"]
+    columns = [*CLAIMS_SHOWN, "measured_min", "measured_max", "jobs", "jobs_passed", "expected", *SEED_SHOWN]
     if claims.empty:
         return pd.DataFrame(columns=columns)
     rows = []
@@ -74,8 +77,15 @@ def fold_jobs(claims: pd.DataFrame) -> pd.DataFrame:
                      expected=not passed and first["preset"] == SMOKE,
                      job=",".join(j for j in group["job"] if j),
                      model=", ".join(dict.fromkeys(m for m in group["model"] if m)))  # a sweep's models, once
+        if bool(group.get("over_seeds", pd.Series([False])).iloc[0]) and len(group) > 1:  # core/seeds.py
+            mean, lo, hi = interval95([float(v) for v in group["measured"]])
+            quorum = group["seed_quorum"].iloc[0]
+            first.update(measured=mean, measured_lo=lo, measured_hi=hi, over_seeds=True,
+                         seeds=",".join(str(s) for s in group["seed"]),
+                         passed=first["jobs_passed"] >= math.ceil(quorum * len(group) - 1e-9))
+            first["expected"] = not first["passed"] and first["preset"] == SMOKE
         rows.append(first)
-    return pd.DataFrame(rows)[columns]
+    return pd.DataFrame(rows).reindex(columns=columns)  # the seed columns only where a sweep is over seeds
 
 
 def read_run_claims(run: Run, root: Path, problems: list[str]) -> pd.DataFrame | None:
@@ -123,6 +133,7 @@ def build_report(root: Path, all_runs: bool = False) -> Report:
         problems.append(f"{root}: no run folders (run.json) found")
     reasons: dict[str, str] = {}
     chosen, failed = select_runs(runs, all_runs, reasons)
+    over_seeds = _seed_sweeps(runs)
     frames = []
     for run in chosen:
         claims = read_run_claims(run, root, problems)
@@ -135,11 +146,32 @@ def build_report(root: Path, all_runs: bool = False) -> Report:
         claims["model"] = run.model
         claims["job"] = run.path.name if run.sweep else ""
         claims["unit"] = rel(run.unit, root)
+        claims["seed"] = run.record.get("seed")
+        claims["over_seeds"] = run.unit in over_seeds
+        claims["seed_quorum"] = getattr(_registered(run.experiment), "seed_quorum", 1.0)
         frames.append(claims)
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CLAIMS_SHOWN)
     seen = {r.experiment for r in runs}
     missing = [n for n in registry.experiment_names() if n not in seen]
     return Report(root, table, chosen, failed, missing, problems, found=runs, reasons=reasons)
+
+
+def _seed_sweeps(runs: list[Run]) -> set[Path]:
+    """The sweeps whose jobs all completed and differ only by seed: their claims are shown as one row each,
+    the mean and its 95 % interval over the seeds (core/seeds.py), as the sweep's own claims.csv has them."""
+    by_sweep: dict[Path, list[Run]] = {}
+    for run in runs:
+        if run.sweep:
+            by_sweep.setdefault(run.sweep, []).append(run)
+    return {sweep for sweep, jobs in by_sweep.items() if all(r.status == "complete" for r in jobs)
+            and seeds_only([list(r.record.get("overrides") or []) for r in jobs])}
+
+
+def _registered(name: str):
+    try:
+        return registry.get(name)
+    except Exception:  # an experiment that is no longer registered
+        return None
 
 
 def paper_of(experiment: str) -> str:

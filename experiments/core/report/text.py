@@ -34,7 +34,11 @@ def criterion(row) -> str:
 
 
 def _measured(row) -> str:
-    """One run's value, or a sweep's range over its jobs: `0.12 … 0.47 (3 jobs)`."""
+    """One run's value, a sweep's range over its jobs: `0.12 … 0.47 (3 jobs)`, or over seeds the mean and its
+    95 % interval: `0.904 [0.892, 0.916] (95 %, 3 seeds)`."""
+    if row.get("over_seeds") is True:
+        return f"{fmt(row['measured'])} [{fmt(row['measured_lo'])}, {fmt(row['measured_hi'])}] (95 %, " \
+               f"{row['jobs']} seeds)"
     if row.get("jobs", 1) > 1:
         lo, hi = fmt(row["measured_min"]), fmt(row["measured_max"])
         return (lo if lo == hi else f"{lo} … {hi}") + f" ({row['jobs']} jobs)"
@@ -43,11 +47,14 @@ def _measured(row) -> str:
 
 def result_text(row, bold: str = "**") -> str:
     """pass / FAIL / FAIL (1 of 3 jobs) / fail (expected at preset=smoke)."""
-    if row["passed"]:
-        return "pass"
-    if row.get("expected"):
-        return "fail (expected at smoke)"
     jobs = row.get("jobs", 1)
+    seeds = f" ({row['jobs_passed']}/{jobs} seeds)" if row.get("over_seeds") is True else ""
+    if row["passed"]:
+        return "pass" + seeds
+    if row.get("expected"):
+        return f"fail{seeds} (expected at smoke)"
+    if seeds:
+        return f"{bold}FAIL{bold}{seeds}"
     return f"{bold}FAIL{bold}" + (f" ({jobs - row['jobs_passed']} of {jobs} jobs)" if jobs > 1 else "")
 
 

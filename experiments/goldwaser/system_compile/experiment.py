@@ -154,6 +154,7 @@ def validate(cfg: DictConfig) -> None:
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.core.atomic import write_json_atomic
     from experiments.core.progress import progress
+    from experiments.core.samples import reply_sample
     from experiments.goldwaser.common import stop_ids
     from experiments.goldwaser.system_compile.checkpoint import save_checkpoint
     from experiments.goldwaser.system_compile.claims import check_claims
@@ -183,6 +184,13 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
             generations[prompt.name] = run_prompt(cfg, ctx, bundle, adapter, gen, p, prompt, fit, held, control,
                                                   save if p == 0 else None)
             write_json_atomic(ctx.path(GENERATIONS_FILE), dict(fit=fit, heldout=held, system=generations))
+            texts = generations[prompt.name]  # and per query, each method beside the prompted model: samples.jsonl
+            for method in (m for m in texts if m not in ("reference", "control")):
+                for where, queries, first in (("fit", fit, 0), ("heldout", held, len(fit))):
+                    for i, query in enumerate(queries):  # query=: the metrics' index, over fit + held-out
+                        ctx.sample(reply_sample(texts["reference"][where][i], texts[method][where][i],
+                                                texts["control"][where][i], system=prompt.name, method=method,
+                                                split=where, query=first + i, prompt=query))
             ctx.flush()
             bar.advance(1, info=prompt.name)
     check_claims(cfg, ctx, ctx.metrics())
