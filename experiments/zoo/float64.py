@@ -18,6 +18,7 @@ Only float64 models are touched; float32 and bfloat16 ones keep transformers' co
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import types
@@ -35,7 +36,8 @@ def exact_float64_(model: nn.Module) -> nn.Module:
     for module in model.modules():
         kind = type(module).__name__
         if kind.endswith("RMSNorm"):
-            module.forward = types.MethodType(_gemma_rms_forward if _one_plus(module) else _rms_forward, module)
+            forward = _gemma_rms_forward if scales_by_one_plus(module) else _rms_forward
+            module.forward = types.MethodType(forward if _has_weight(module) else _unscaled_rms_forward, module)
         elif kind.endswith("RotaryEmbedding") and _has_inv_freq(module):  # (GPT-J's is a stored table)
             module.inv_freq64 = _float64_tables(module)
             module.forward = types.MethodType(_rotary_forward, module)
@@ -50,12 +52,30 @@ def _has_inv_freq(module: nn.Module) -> bool:
 
 
 def is_exact_float64(model: nn.Module) -> bool:
-    return any(getattr(m.forward, "__func__", None) in (_gemma_rms_forward, _rms_forward) for m in model.modules())
+    ours = (_gemma_rms_forward, _rms_forward, _unscaled_rms_forward)
+    return any(getattr(m.forward, "__func__", None) in ours for m in model.modules())
 
 
-def _one_plus(norm: nn.Module) -> bool:
-    """Gemma's RMSNorm scales by 1 + weight (weight initialised to 0); Llama's by weight."""
-    return "Gemma" in type(norm).__name__
+def scales_by_one_plus(norm: nn.Module) -> bool:
+    """Whether the RMSNorm scales by 1 + weight (Gemma 1-3, weight initialised to 0) or by the weight itself
+    (Llama's, Gemma 4's): asked of the norm itself, a CPU copy with its weight set to 0 run on ones (1 or 0
+    out). A class name would not do: Gemma 4's norm scales by its weight."""
+    if not _has_weight(norm):
+        return False
+    probe = copy.deepcopy(norm)
+    probe = probe.to_empty(device="cpu") if norm.weight.is_meta else probe.cpu()
+    probe = probe.float()
+    with torch.no_grad():
+        probe.weight.zero_()
+        try:
+            out = probe(torch.ones(1, 1, norm.weight.shape[-1]))
+        except Exception:  # a norm with more inputs (a gated one): not Gemma's
+            return False
+    return float(out.abs().max()) > 0.5
+
+
+def _has_weight(norm: nn.Module) -> bool:
+    return isinstance(getattr(norm, "weight", None), torch.Tensor)
 
 
 def _eps(norm: nn.Module) -> float:
@@ -72,6 +92,10 @@ def _gemma_rms_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def _rms_forward(self, x: torch.Tensor) -> torch.Tensor:
     return (self.weight.double() * _normalize(self, x.double())).type_as(x)
+
+
+def _unscaled_rms_forward(self, x: torch.Tensor) -> torch.Tensor:  # a norm without a scale (Gemma 4's router)
+    return _normalize(self, x.double()).type_as(x)
 
 
 def float64_inv_freq(rope: dict, head_dim: int) -> torch.Tensor | None:
@@ -100,7 +124,6 @@ def _float64_tables(module: nn.Module) -> dict[str, torch.Tensor]:
     """Per buffer prefix ("" or a layer type's "sliding_attention_"), the float64 inverse frequencies; the stored
     float32 ones where the rope type has no float64 formula here."""
     config = module.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rope = getattr(config, "rope_parameters", None) or {}
     tables = {}
     for name, buffer in module.named_buffers(recurse=False):
@@ -108,13 +131,21 @@ def _float64_tables(module: nn.Module) -> dict[str, torch.Tensor]:
             continue
         prefix = name[: -len("inv_freq")]
         params = rope.get(prefix[:-1], rope) if prefix else rope
-        inv = float64_inv_freq(params, head_dim) if "rope_theta" in params else None
+        inv = float64_inv_freq(params, _head_dim(config, prefix[:-1])) if "rope_theta" in params else None
         if inv is None or inv.shape != buffer.shape:
             log.warning("float64: %s rope type %r has no float64 formula here; its inverse frequencies keep their "
                         "float32 values", type(module).__name__, params.get("rope_type"))
             inv = buffer.double()
         tables[prefix] = inv.to(buffer.device)
     return tables
+
+
+def _head_dim(config, layer_type: str) -> int:
+    """The head dimension of `layer_type`'s layers (Gemma 4's differ by type: its config keeps one per layer)."""
+    per_layer, types_ = getattr(config, "per_layer_config", None), getattr(config, "layer_types", None)
+    if layer_type and per_layer is not None and types_ and layer_type in types_:
+        config = per_layer[types_.index(layer_type)]
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def _rotary_forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):

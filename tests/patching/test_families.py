@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from experiments.core.errors import UserError
-from experiments.patching.arch import LLAMA_STYLE, gpt_neox, llama, phi3, qwen3
+from experiments.patching.arch import STRUCTURAL, gpt_neox, llama, phi3, qwen3
 from experiments.patching.arch.base import tiny_common
 from experiments.patching.arch.check import check_adapter
 from experiments.zoo.tokenizer import byte_tokenizer
@@ -82,7 +82,7 @@ def test_qwen3_phi3_gpt_neox_and_a_llama_style_olmo_patch_exactly_through_the_cl
         assert value("logit_linf_rel").max() < 1e-10, (name, value("logit_linf_rel").max())  # float64: exact
         assert value("control_logit_linf").median() > 0.1, name  # the token alone, unpatched, is far off
         assert m["model"].iloc[0] == str(folders[name])
-    assert "Llama-style (olmo)" in pd.read_csv(sweep / "4" / "metrics.csv")["family"].iloc[0]
+    assert "structural (olmo)" in pd.read_csv(sweep / "4" / "metrics.csv")["family"].iloc[0]
 
 
 def test_a_block_the_check_rejects_is_one_line_naming_the_family_and_what_differed(folders, icl, tmp_path):
@@ -90,8 +90,9 @@ def test_a_block_the_check_rejects_is_one_line_naming_the_family_and_what_differ
     assert r.returncode == 2
     errors = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("error: model_type 'granite'"), r.stderr
-    assert "Llama-style (granite)" in errors[0] and "not v + the output of mlp.down_proj" in errors[0], errors
-    assert "granite" not in LLAMA_STYLE  # (this process never tried it: the CLI ran in its own)
+    assert "structural (granite)" in errors[0] and "not v + the output of mlp (" in errors[0], errors
+    assert "form tried: Thm 7 + Thm 9 (outer weight); v read at the input of post_attention_layernorm" in errors[0]
+    assert "granite" not in STRUCTURAL  # (this process never tried it: the CLI ran in its own)
 
 
 WRONG = {
@@ -117,16 +118,19 @@ def test_a_deliberately_wrong_adapter_is_refused_in_one_line(wrong):
     assert "\n" not in str(err.value) and "the Llama adapter does not describe its decoder layer 0" in str(err.value)
 
 
-def test_a_family_without_an_adapter_or_llama_names_is_refused_before_loading():
-    from transformers import Gemma2Config
+def test_a_pure_state_space_model_is_refused_before_loading_for_want_of_an_mlp():
+    """Mamba's block is a norm and a mixer, nothing after it: no MLP to absorb the context, one line."""
+    from transformers import MambaConfig
 
     from experiments.zoo import architectures
 
-    config = Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=16, **tiny_common(300))
-    with pytest.raises(UserError, match="model_type 'gemma2' has no context-patching adapter; supported: "):
+    config = MambaConfig(hidden_size=64, state_size=8, num_hidden_layers=2, **tiny_common(300))
+    with pytest.raises(UserError, match="model_type 'mamba' has no context-patching adapter and its module tree fits "
+                                        r"no form of Table 1: its token mixer \(mixer\) has no MLP after it: the "
+                                        "theorem needs an MLP after the mixer") as err:
         architectures.require(config)
-    assert "gemma2" not in LLAMA_STYLE
+    assert "\n" not in str(err.value)
+    assert "mamba" not in STRUCTURAL
 
 
 def test_the_check_runs_the_layer_where_the_layer_is():

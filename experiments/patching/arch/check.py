@@ -6,7 +6,8 @@ have one) is copied to float64 and run by its own forward on a random input, twi
 input H_C and another input H; only the query, the last position, is compared), and the adapter's reading
 of the block is tested where Algorithm 1 relies on it:
 1. decomposition: the layer's output is T = v + (the output of the module whose parameter the rule
-   changes): the residual is where the adapter reads it, and nothing scales or normalizes the branch after;
+   changes, or of the MLP when that module is inside it: a shared expert may run beside the experts): the
+   residual is where the adapter reads it, and nothing scales or normalizes the branch after;
 2. input update (Thms 6–7): with the adapter's input matrices updated from z to z_C, the MLP's output on H
    is its output on H_C: every matrix that reads z is named, and z is what the MLP reads;
 3. output rule (Thms 8–12): with the rule's update for r = v_C − v added, the layer's output on H is its
@@ -54,6 +55,28 @@ def check_adapter(model: nn.Module, adapter: BlockAdapter) -> None:
             raise UserError(f"model_type {model.config.model_type!r}: the {adapter.family} adapter does not describe "
                             f"its decoder layer {index} ({type(layers[index]).__name__}): {why}; refused")
         _checked.add((type(layers[index]), key, id(adapter)))
+
+
+def choose_adapter(model: nn.Module, forms: list[BlockAdapter]) -> BlockAdapter:
+    """The first of `forms` (a structural guess's candidates, most likely first) that the check accepts on
+    `model`; when none does, the first form's failure in one line, naming the form tried."""
+    first: UserError | None = None
+    for form in forms:
+        try:
+            check_adapter(model, form)
+            return form
+        except UserError as err:
+            first = first or UserError(f"{str(err).removesuffix('; refused')} (form tried: {describe(form)}); "
+                                       "no form of Table 1 fits it; refused")
+    raise first if first else UserError(f"model_type {model.config.model_type!r}: no form of Table 1 to try")
+
+
+def describe(adapter: BlockAdapter) -> str:
+    """A form in words: its theorems, where v is read, which matrices read z, what absorbs r."""
+    at = f"v read at the input of {adapter.residual_at}" if adapter.residual_at else \
+        f"parallel block, v = x + {adapter.attention}"
+    return (f"{adapter.theorem}; {at}; z read by {', '.join(adapter.input_matrices)}; "
+            f"r absorbed by {adapter.output_param}")
 
 
 def _structures(layers: nn.ModuleList) -> dict[tuple, int]:
@@ -165,6 +188,8 @@ def _compare(layer: nn.Module, adapter: BlockAdapter, args: tuple, kwargs: dict,
     v, branch = residual(with_c), with_c["branch"]
     if branch.shape != v.shape:
         return f"the output of {owner} has {branch.shape[-1]} features, the residual {v.shape[-1]}: not the branch"
+    if owner.startswith(adapter.mlp + "."):  # the owner inside the MLP: beside it may run a shared expert
+        owner, branch = adapter.mlp, with_c["mlp_out"]
     err = _rel(v + branch, with_c["out"])
     if err > TOLERANCE:
         return (f"its output is not v + the output of {owner} (relative difference "
