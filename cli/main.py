@@ -111,7 +111,7 @@ def _register_subcommands() -> None:
     import importlib
 
     for module_name, attr, cmd in (("cli.patch", "app", "patch"), ("cli.report", "report", "report"),
-                                   ("cli.reproduce", "reproduce", "reproduce")):
+                                   ("cli.reproduce", "reproduce", "reproduce"), ("cli.models", "models", "models")):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
