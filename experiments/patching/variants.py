@@ -77,6 +77,15 @@ def _needs_post_norm(variant: str, adapter: BlockAdapter) -> str | None:
             f"(only {have}); use variant=naive or closed_loop")
 
 
+def _scaled_branch(variant: str, adapter: BlockAdapter) -> str | None:
+    """App. B's steps and the closed loop solve for the branch's output as if T = v + g; a branch scaled by
+    α (rules/scaled_branch.py) is taken by the open loop through `adapter.rule` only."""
+    if adapter.branch_scale == 1.0:
+        return None
+    return (f"variant={variant} solves for T = v + g, and {adapter.family} scales its branch by "
+            f"{adapter.branch_scale:g}; use variant=naive")
+
+
 def _families_with_post_norm() -> list[str]:
     from experiments.patching.arch import FAMILIES
 
@@ -124,7 +133,7 @@ class Stable(OpenLoop):
     sign_target: ClassVar[bool] = False
 
     def unsupported(self, adapter):
-        return _needs_post_norm(self.name, adapter)
+        return _needs_post_norm(self.name, adapter) or _scaled_branch(self.name, adapter)
 
     def output_step(self):
         from experiments.patching.open_loop import stable_step
@@ -150,6 +159,9 @@ class ClosedLoop(Variant):
     def open_counterpart(self, adapter):
         return "conditioned" if self.conditioned and _post_norm_block(adapter) else "naive"
 
+    def unsupported(self, adapter):
+        return _scaled_branch(self.name, adapter)
+
     def patch(self, patcher, layer, target, args, kwargs):
         from experiments.patching.closed_loop import patched_layer_forward
 
@@ -163,6 +175,8 @@ class ClosedLoopScale(ClosedLoop):
     conditioned = False
 
     def unsupported(self, adapter):
+        if _scaled_branch(self.name, adapter):
+            return _scaled_branch(self.name, adapter)
         if adapter.output_rule == SCALE and adapter.pre_norm_matrix:
             return None
         return (f"variant={self.name} (Thm 10 alone in the closed loop) is the post-norm closed loop without its "

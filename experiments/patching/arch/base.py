@@ -54,6 +54,9 @@ class BlockAdapter:
     tiny_config: Callable[[int], Any] | None = None
     # extra `from_pretrained` / `from_config` keywords the rules need (an MoE's experts run eagerly)
     load_kwargs: dict[str, str] = field(default_factory=dict)
+    # T = v + branch_scale · (the branch): the output rule moves the branch by r / branch_scale (Granite's
+    # residual_multiplier; rules/scaled_branch.py)
+    branch_scale: float = 1.0
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return getattr(self.decoder(model), self.layers_attr)
@@ -67,6 +70,10 @@ class BlockAdapter:
         """The Table 1 output rule this block uses (`patching/rules/`), an `OutputRule`."""
         from experiments.patching.rules import rule_for  # the rules import this module's constants
 
+        if self.branch_scale != 1.0:
+            from experiments.patching.rules.scaled_branch import ScaledBranch
+
+            return ScaledBranch(rule_for(self.output_rule), self.branch_scale)
         return rule_for(self.output_rule)
 
 

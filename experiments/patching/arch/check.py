@@ -75,8 +75,9 @@ def describe(adapter: BlockAdapter) -> str:
     """A form in words: its theorems, where v is read, which matrices read z, what absorbs r."""
     at = f"v read at the input of {adapter.residual_at}" if adapter.residual_at else \
         f"parallel block, v = x + {adapter.attention}"
+    scaled = "" if adapter.branch_scale == 1.0 else f" (the branch scaled by {adapter.branch_scale:g}: r / it)"
     return (f"{adapter.theorem}; {at}; z read by {', '.join(adapter.input_matrices)}; "
-            f"r absorbed by {adapter.output_param}")
+            f"r absorbed by {adapter.output_param}{scaled}")
 
 
 def _structures(layers: nn.ModuleList) -> dict[tuple, int]:
@@ -190,9 +191,10 @@ def _compare(layer: nn.Module, adapter: BlockAdapter, args: tuple, kwargs: dict,
         return f"the output of {owner} has {branch.shape[-1]} features, the residual {v.shape[-1]}: not the branch"
     if owner.startswith(adapter.mlp + "."):  # the owner inside the MLP: beside it may run a shared expert
         owner, branch = adapter.mlp, with_c["mlp_out"]
-    err = _rel(v + branch, with_c["out"])
+    scale = "" if adapter.branch_scale == 1.0 else f"{adapter.branch_scale:g} · "
+    err = _rel(v + adapter.branch_scale * branch, with_c["out"])
     if err > TOLERANCE:
-        return (f"its output is not v + the output of {owner} (relative difference "
+        return (f"its output is not v + {scale}the output of {owner} (relative difference "
                 f"{err:.1e}): the residual is elsewhere, or the branch is scaled or normalized after it")
     params: dict[str, Tensor] = {}
     for name, layout in adapter.input_matrices.items():

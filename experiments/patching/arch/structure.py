@@ -40,6 +40,7 @@ PRE_MLP_NORM = ("post_attention_layernorm", "pre_feedforward_layernorm", "ffn_no
 POST_MLP_NORM = ("post_feedforward_layernorm", "post_mlp_layernorm", "post_ffw_norm", "post_ffn_norm",
                  "post_feedforward_norm")
 POSITION_EMBEDDINGS = ("wpe", "embed_positions", "position_embeddings")
+BRANCH_SCALES = ("residual_multiplier",)  # config keys scaling each branch before the residual: T = v + α g
 
 
 class NoForm(Exception):
@@ -60,6 +61,7 @@ class Reading:
     outer_bias: str | None
     router: str | None  # an MoE's router module (its output: logits, gates, indices)
     absolute_positions: bool
+    branch_scale: float = 1.0  # the config's multiplier of each branch before the residual (Granite's)
 
 
 def candidates(config) -> list[BlockAdapter]:
@@ -104,7 +106,8 @@ def read_tree(model: nn.Module, config) -> Reading:
     reading = readings[0]
     decoder = model.get_submodule(decoder_path)
     absolute = any(isinstance(getattr(decoder, n, None), nn.Embedding) for n in POSITION_EMBEDDINGS)
-    return replace(reading, absolute_positions=absolute)
+    scale = next((float(getattr(config, k)) for k in BRANCH_SCALES if isinstance(getattr(config, k, None), float)), 1.0)
+    return replace(reading, absolute_positions=absolute, branch_scale=scale)
 
 
 def _find_layers(model: nn.Module, config) -> tuple[str, str]:
@@ -149,6 +152,10 @@ def _read_layer(layer: nn.Module, decoder_path: str, layers_attr: str, d: int) -
         what = f"its token mixer ({mixer}) " if mixer else "its decoder layer "
         raise NoForm(f"{what}has no MLP after it: the theorem needs an MLP after the mixer (a pure state-space "
                      "block has none)")
+    extra = [n for n in others if n != mlp]
+    if extra:
+        raise NoForm(f"its decoder layer has weighted parts that are neither its mixer, a norm nor its MLP "
+                     f"({', '.join(extra)}): no form of Table 1 here says what they read or add")
     inputs, outer, bias, router = _matrices(children[mlp], d)
     if not inputs or outer is None:
         raise NoForm(f"its MLP ({mlp}, {type(children[mlp]).__name__}) has no matrices reading z and writing "
@@ -202,7 +209,7 @@ def _forms(r: Reading, layer: nn.Module, model_type: str):
     post = [n for n in POST_MLP_NORM if n in r.norms]
     pre = sorted((n for n in r.norms if n not in post), key=lambda n: PRE_MLP_NORM.index(n)
                  if n in PRE_MLP_NORM else len(PRE_MLP_NORM))
-    common = dict(model_types=(model_type,), family=f"structural ({model_type})",
+    common = dict(model_types=(model_type,), family=f"structural ({model_type})", branch_scale=r.branch_scale,
                   decoder=_Path(r.decoder_path), layers_attr=r.layers_attr, mlp=r.mlp,
                   input_matrices=dict(r.inputs), absolute_positions=r.absolute_positions,
                   tiny_model=None, tiny_config=None)
