@@ -40,11 +40,29 @@ def exact_float64_(model: nn.Module) -> nn.Module:
             module.forward = types.MethodType(forward if _has_weight(module) else _unscaled_rms_forward, module)
         elif kind.endswith("RotaryEmbedding") and _has_inv_freq(module):  # (GPT-J's is a stored table)
             module.inv_freq64 = _float64_tables(module)
-            module.forward = types.MethodType(_rotary_forward, module)
+            if _standard_tables(module):
+                module.forward = types.MethodType(_rotary_forward, module)
     for config in (getattr(model, "config", None), getattr(getattr(model, "config", None), "text_config", None)):
         if config is not None and getattr(config, "_attn_implementation", None) == "eager":
             config._attn_implementation = "sdpa"  # eager's softmax is float32; SDPA's is the inputs' dtype
     return model
+
+
+def _standard_tables(module: nn.Module) -> bool:
+    """Whether the rotary module returns (cos, sin) of [freqs, freqs], as `_rotary_forward` does (GPT-J's is a
+    stored table; gpt-oss's returns the half tables): asked of its own forward on two positions."""
+    x = torch.zeros(1, dtype=torch.float64, device=module.inv_freq64[next(iter(module.inv_freq64))].device)
+    positions = torch.arange(2, device=x.device)[None]
+    try:
+        theirs = module.forward(x, positions)
+        ours = _rotary_forward(module, x, positions)
+    except Exception:  # a forward that needs more (Gemma 4's layer type): the standard one, per type
+        return True
+    if theirs[0].shape == ours[0].shape:
+        return True
+    log.warning("float64: %s's tables are not the standard layout; its inverse frequencies keep their float32 "
+                "values", type(module).__name__)
+    return False
 
 
 def _has_inv_freq(module: nn.Module) -> bool:

@@ -1,7 +1,8 @@
 """Blocks described by their module tree (patching/arch/structure.py), chosen by the float64 check: the
 families with adapter files read the same from their trees; newer families with no file (OLMo 3, Qwen3-MoE,
-Qwen3-Next's gated linear attention and shared expert, LFM2's short convolutions, Gemma 4) patch exactly in
-float64 through the CLI as checkpoint folders; what no form fits is one line; `icl-exp models` lists them."""
+Qwen3-Next's gated linear attention and shared expert, LFM2's short convolutions, Gemma 4, gpt-oss's experts
+with biases) patch exactly in float64 through the CLI as checkpoint folders; what no form fits is one line;
+`icl-exp models` lists them."""
 
 from __future__ import annotations
 
@@ -47,7 +48,19 @@ def test_a_family_with_an_adapter_file_reads_the_same_from_its_module_tree(adapt
             choose_adapter(model, [form])
 
 
-NEW = {"olmo3": "Thm 10", "qwen3_moe": "Thm 11", "qwen3_next": "Thm 11", "lfm2": "Thm 9", "gemma4_text": "Thm 10"}
+NEW = {"olmo3": "Thm 10", "qwen3_moe": "Thm 11", "qwen3_next": "Thm 11", "lfm2": "Thm 9", "gemma4_text": "Thm 10",
+       "gpt_oss": "Thm 11 with Thm 8"}
+
+
+def with_biases(model):
+    """Biases drawn too (random_weights zeroes them): gpt-oss's router and experts then show that the input
+    update leaves a bias alone and that each active expert's outer bias absorbs r / S on top of its own."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and "norm" not in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +70,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     tok = byte_tokenizer()
     out = {}
     for name in NEW:
-        model = tiny_model(tiny.tiny_config(name, len(tok)))
+        model = with_biases(tiny_model(tiny.tiny_config(name, len(tok))))
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
         out[name] = root / name
@@ -97,13 +110,30 @@ def test_the_chosen_form_is_the_one_table_1_row_the_block_needs():
 
 
 def test_a_block_whose_tree_fits_no_form_is_refused_in_one_line_before_loading():
+    """Gemma 4's MoE sizes run experts beside the dense MLP, reading their own norm of v (and the router its
+    own): the engine's input update reads one z, the MLP's; the tree says so before anything is loaded."""
     from experiments.zoo import architectures
 
-    config = tiny.tiny_config("gpt_oss", 300)
-    with pytest.raises(UserError, match="model_type 'gpt_oss' has no context-patching adapter and its module tree "
-                                        "fits no form of Table 1: its MLP") as err:
+    config = tiny.tiny_config("gemma4_text_moe", 300)
+    with pytest.raises(UserError, match="model_type 'gemma4_text' has no context-patching adapter and its module "
+                                        "tree fits no form of Table 1: its decoder layer has weighted parts that "
+                                        r"are neither its mixer, a norm nor its MLP \(router, experts\)") as err:
         architectures.require(config)
-    assert "\n" not in str(err.value) and "gpt_oss" not in STRUCTURAL
+    assert "\n" not in str(err.value) and "gemma4_text" not in STRUCTURAL
+
+
+def test_each_active_experts_bias_moves_the_mixture_by_r():
+    """Thm 8 inside Thm 11 on random tensors in float64: Σ_j g_j Δb_j = r for any gates; the control, the
+    same Δb with the gates of other experts (not renormalized), misses r by far more than rounding."""
+    from experiments.patching.rules.moe_bias import moe_bias_updates
+
+    gen = torch.Generator().manual_seed(0)
+    r = torch.randn(64, generator=gen, dtype=torch.float64)
+    gates = torch.rand(3, generator=gen, dtype=torch.float64)
+    delta = moe_bias_updates(r, gates)
+    assert torch.allclose(gates @ delta, r, rtol=1e-13, atol=1e-13)
+    other = torch.rand(3, generator=gen, dtype=torch.float64)
+    assert float((other @ delta - r).abs().max()) > 1e-3
 
 
 def test_icl_exp_models_lists_families_with_their_status_and_caches_them(icl, tmp_path, monkeypatch):

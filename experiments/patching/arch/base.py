@@ -26,7 +26,17 @@ from typing import Any
 from torch import nn
 
 # the layouts and rule names, re-exported: an adapter imports them from here
-from experiments.patching.kinds import CONV1D, EXPERTS, LINEAR, MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE  # noqa: F401
+from experiments.patching.kinds import (  # noqa: F401
+    CONV1D,
+    EXPERTS,
+    EXPERTS_IN_OUT,
+    LINEAR,
+    MOE,
+    MOE_BIAS,
+    OUTER_BIAS,
+    OUTER_WEIGHT,
+    SCALE,
+)
 
 
 @dataclass(frozen=True)

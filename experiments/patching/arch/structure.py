@@ -29,7 +29,18 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from experiments.patching.arch.base import CONV1D, EXPERTS, LINEAR, MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE, BlockAdapter
+from experiments.patching.arch.base import (
+    CONV1D,
+    EXPERTS,
+    EXPERTS_IN_OUT,
+    LINEAR,
+    MOE,
+    MOE_BIAS,
+    OUTER_BIAS,
+    OUTER_WEIGHT,
+    SCALE,
+    BlockAdapter,
+)
 
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block")
 MIXER_NAMES = ("self_attn", "attention", "attn", "linear_attn", "conv", "mixer", "mamba", "token_mixer")
@@ -168,7 +179,7 @@ def _read_layer(layer: nn.Module, decoder_path: str, layers_attr: str, d: int) -
 def _matrices(mlp: nn.Module, d: int) -> tuple[dict[str, str], str | None, str | None, str | None]:
     """(input matrices -> layout, the outer matrix, its bias, the router) inside `mlp`, hidden size d."""
     inputs: dict[str, str] = {}
-    outer = bias = router = stacked = None
+    outer = bias = router = stacked = stacked_bias = None
     for path, module in mlp.named_modules():
         leaf = path.rsplit(".", 1)[-1]
         w = module._parameters.get("weight")
@@ -186,14 +197,21 @@ def _matrices(mlp: nn.Module, d: int) -> tuple[dict[str, str], str | None, str |
                 or w is not None and w.ndim == 2 and w.shape[-1] == d and leaf in ("gate", "router"):
             inputs[f"{path}.weight"] = LINEAR  # an MoE's router: it reads z, its output picks the experts
             router = path
-        for pname, p in module._parameters.items():  # stacked experts: (E, out, in)
-            if p is not None and p.ndim == 3 and pname in ("gate_up_proj", "w1", "gate_up"):
+        for pname, p in module._parameters.items():  # stacked experts: (E, out, in), or (E, in, out)
+            if p is None:
+                continue
+            name = f"{path}.{pname}".lstrip(".")
+            if p.ndim == 3 and pname in ("gate_up_proj", "w1", "gate_up"):
                 if p.shape[-1] == d:
-                    inputs[f"{path}.{pname}".lstrip(".")] = EXPERTS
-            elif p is not None and p.ndim == 3 and pname in ("down_proj", "w2") and p.shape[1] == d:
-                stacked = f"{path}.{pname}".lstrip(".")
-    if stacked:  # the experts' outer matrices absorb r (Thm 11); a shared expert's W_down is left as it is
-        return inputs, stacked, None, router
+                    inputs[name] = EXPERTS
+                elif p.shape[1] == d:
+                    inputs[name] = EXPERTS_IN_OUT
+            elif p.ndim == 3 and pname in ("down_proj", "w2") and d in (p.shape[1], p.shape[2]):
+                stacked = name
+            elif p.ndim == 2 and pname in ("down_proj_bias", "w2_bias") and p.shape[-1] == d:
+                stacked_bias = name
+    if stacked:  # the experts' outer matrices (Thm 11) or biases absorb r; a shared expert's W_down is left
+        return inputs, stacked, stacked_bias, router
     return inputs, outer, bias, router
 
 
@@ -203,7 +221,7 @@ def _bias(module: nn.Module, path: str) -> str | None:
 
 def _forms(r: Reading, layer: nn.Module, model_type: str):
     """Every Table 1 form the reading allows, most likely first (check.py picks the first that holds)."""
-    experts = any(layout == EXPERTS for layout in r.inputs.values())
+    experts = any(layout in (EXPERTS, EXPERTS_IN_OUT) for layout in r.inputs.values())
     if experts and r.router is None:
         return
     post = [n for n in POST_MLP_NORM if n in r.norms]
@@ -222,7 +240,11 @@ def _forms(r: Reading, layer: nn.Module, model_type: str):
                             captures={"d": (norm, "input"), "h": (down.rsplit(".", 1)[0], "input")},
                             pre_norm_matrix=down, scale_offset=_scale_offset(layer.get_submodule(norm)),
                             theorem="Thm 7 + Thm 10 (post-norm scale)"))
-    if experts:
+    eager = {"experts_implementation": "eager"}  # the experts' own loop: the MoE rules follow it
+    if experts and r.outer_bias:  # experts with biases: each active one's bias absorbs r / S
+        outputs.append(dict(output_rule=MOE_BIAS, output_param=r.outer_bias, captures={"router": (r.router, "output")},
+                            theorem="Thm 7 (router too) + Thm 11 with Thm 8 (experts' biases)", load_kwargs=eager))
+    if experts and all(layout != EXPERTS_IN_OUT for layout in r.inputs.values()):
         outputs.append(dict(output_rule=MOE, output_param=down, captures={"router": (r.router, "output")},
                             theorem="Thm 7 (router too) + Thm 11 (MoE)",
                             load_kwargs={"experts_implementation": "eager"}))  # the MoE rule's own loop
