@@ -79,11 +79,16 @@ def _needs_post_norm(variant: str, adapter: BlockAdapter) -> str | None:
 
 def _scaled_branch(variant: str, adapter: BlockAdapter) -> str | None:
     """App. B's steps and the closed loop solve for the branch's output as if T = v + g; a branch scaled by
-    α (rules/scaled_branch.py) is taken by the open loop through `adapter.rule` only."""
-    if adapter.branch_scale == 1.0:
-        return None
-    return (f"variant={variant} solves for T = v + g, and {adapter.family} scales its branch by "
-            f"{adapter.branch_scale:g}; use variant=naive")
+    α (rules/scaled_branch.py), or a layer that goes on after v + g with the token's own data (Gemma 4's
+    per-layer inputs, its layer scalar), is taken by the open loop only."""
+    if adapter.branch_scale != 1.0:
+        return (f"variant={variant} solves for T = v + g, and {adapter.family} scales its branch by "
+                f"{adapter.branch_scale:g}; use variant=naive")
+    if adapter.sum_at or adapter.output_scale:
+        after = ", ".join(x for x in (adapter.sum_at, adapter.output_scale) if x)
+        return (f"variant={variant} solves for T = v + g, and {adapter.family}'s layer goes on after v + g "
+                f"({after}); use variant=naive")
+    return None
 
 
 def _families_with_post_norm() -> list[str]:

@@ -22,11 +22,14 @@ def require(config) -> None:
     from experiments.patching.arch.structure import NoForm, candidates
 
     model_type = config.model_type
-    if model_type in ADAPTERS or model_type in STRUCTURAL:
+    if model_type in ADAPTERS:
         return
+    # read again for every config: two checkpoints of one model_type may differ in structure (Gemma 4's sizes:
+    # per-layer inputs or not, experts or not), and a sweep loads them in one process
     try:
         forms = candidates(config)
     except NoForm as why:
+        STRUCTURAL.pop(model_type, None)
         raise UserError(f"model_type {model_type!r} has no context-patching adapter and its module tree fits no "
                         f"form of Table 1: {why}; with an adapter file: {supported()}") from None
     if not forms:

@@ -67,6 +67,12 @@ class BlockAdapter:
     # T = v + branch_scale · (the branch): the output rule moves the branch by r / branch_scale (Granite's
     # residual_multiplier; rules/scaled_branch.py)
     branch_scale: float = 1.0
+    # after u = v + branch the layer may go on with data of the token alone, never of the context: a module
+    # whose input is u (Gemma 4's per-layer inputs: u + N(W_proj(act(W_gate u) ⊙ e_token))), and a stored
+    # scalar multiplying the layer's output (Gemma 4's layer_scalar). T is then a function of u and the token:
+    # the patch makes u = u_C, so T = T_C; only the check reads these (where to compare v + branch)
+    sum_at: str | None = None
+    output_scale: str | None = None
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return getattr(self.decoder(model), self.layers_attr)

@@ -51,7 +51,11 @@ PRE_MLP_NORM = ("post_attention_layernorm", "pre_feedforward_layernorm", "ffn_no
 POST_MLP_NORM = ("post_feedforward_layernorm", "post_mlp_layernorm", "post_ffw_norm", "post_ffn_norm",
                  "post_feedforward_norm")
 POSITION_EMBEDDINGS = ("wpe", "embed_positions", "position_embeddings")
-BRANCH_SCALES = ("residual_multiplier",)  # config keys scaling each branch before the residual: T = v + α g
+BRANCH_SCALES = ("residual_multiplier",)
+# parts after v + branch that read the token's own data (per-layer inputs: Gemma 4, Gemma 3n), the first of
+# them reading u = v + branch; a stored scalar multiplying the layer's output
+AFTER_THE_SUM = ("per_layer_input_gate", "per_layer_projection")
+OUTPUT_SCALES = ("layer_scalar",)  # config keys scaling each branch before the residual: T = v + α g
 
 
 class NoForm(Exception):
@@ -73,6 +77,8 @@ class Reading:
     router: str | None  # an MoE's router module (its output: logits, gates, indices)
     absolute_positions: bool
     branch_scale: float = 1.0  # the config's multiplier of each branch before the residual (Granite's)
+    sum_at: str | None = None  # the first part after v + branch (per-layer inputs)
+    output_scale: str | None = None  # a buffer scaling the layer's output
 
 
 def candidates(config) -> list[BlockAdapter]:
@@ -163,7 +169,8 @@ def _read_layer(layer: nn.Module, decoder_path: str, layers_attr: str, d: int) -
         what = f"its token mixer ({mixer}) " if mixer else "its decoder layer "
         raise NoForm(f"{what}has no MLP after it: the theorem needs an MLP after the mixer (a pure state-space "
                      "block has none)")
-    extra = [n for n in others if n != mlp]
+    after = [n for n in AFTER_THE_SUM if n in children]
+    extra = [n for n in others if n != mlp and n not in after]
     if extra:
         raise NoForm(f"its decoder layer has weighted parts that are neither its mixer, a norm nor its MLP "
                      f"({', '.join(extra)}): no form of Table 1 here says what they read or add")
@@ -171,9 +178,12 @@ def _read_layer(layer: nn.Module, decoder_path: str, layers_attr: str, d: int) -
     if not inputs or outer is None:
         raise NoForm(f"its MLP ({mlp}, {type(children[mlp]).__name__}) has no matrices reading z and writing "
                      "the residual that a Table 1 rule knows")
+    buffers = dict(layer.named_buffers(recurse=False))
+    scale = next((n for n in OUTPUT_SCALES if n in buffers and buffers[n].numel() == 1), None)
+    norms = tuple(n for n in norms if "per_layer" not in n)  # the per-layer inputs' own norm reads no v
     return Reading(decoder_path, layers_attr, mlp, mixer, norms, {f"{mlp}.{k}": v for k, v in inputs.items()},
                    f"{mlp}.{outer}", f"{mlp}.{bias}" if bias else None, f"{mlp}.{router}" if router else None,
-                   False)
+                   False, sum_at=after[0] if after else None, output_scale=scale)
 
 
 def _matrices(mlp: nn.Module, d: int) -> tuple[dict[str, str], str | None, str | None, str | None]:
@@ -228,6 +238,7 @@ def _forms(r: Reading, layer: nn.Module, model_type: str):
     pre = sorted((n for n in r.norms if n not in post), key=lambda n: PRE_MLP_NORM.index(n)
                  if n in PRE_MLP_NORM else len(PRE_MLP_NORM))
     common = dict(model_types=(model_type,), family=f"structural ({model_type})", branch_scale=r.branch_scale,
+                  sum_at=r.sum_at, output_scale=r.output_scale,
                   decoder=_Path(r.decoder_path), layers_attr=r.layers_attr, mlp=r.mlp,
                   input_matrices=dict(r.inputs), absolute_positions=r.absolute_positions,
                   tiny_model=None, tiny_config=None)
