@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 BY_FILE, BY_STRUCTURE, REFUSED, NOT_CHECKED = "adapter file", "module tree", "refused", "not checked"
+LIMIT_S = 60  # a family whose tiny model takes longer is listed as not checked (its kernels' reference paths)
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,33 @@ def survey(model_types: list[str] | None = None, refresh: bool = False, progress
     return out
 
 
-def _quietly(fn, *args):
-    """`fn(*args)` with transformers' and Python's warnings silenced (a tiny model of every family warns)."""
+class _TooLong(Exception):
+    pass
+
+
+def _quietly(fn, model_type: str) -> FamilyStatus:
+    """`fn(model_type)` with transformers' and Python's warnings silenced (a tiny model of every family warns),
+    stopped after LIMIT_S seconds where the platform has SIGALRM (the main thread of a Unix process)."""
+    import signal
+    import threading
     import warnings
 
     from experiments.zoo.quiet import quiet_transformers
 
-    with warnings.catch_warnings(), quiet_transformers():
-        warnings.simplefilter("ignore")
-        return fn(*args)
+    def stop(_signum, _frame):
+        raise _TooLong
+
+    timed = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGALRM, stop) if timed else None
+    if timed:
+        signal.alarm(LIMIT_S)
+    try:
+        with warnings.catch_warnings(), quiet_transformers():
+            warnings.simplefilter("ignore")
+            return fn(model_type)
+    except _TooLong:
+        return FamilyStatus(model_type, NOT_CHECKED, f"its tiny model's check took longer than {LIMIT_S} s")
+    finally:
+        if timed:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, before)

@@ -89,7 +89,8 @@ SHRINK = dict(hidden_size=64, n_embd=64, d_model=64, intermediate_size=128, ffn_
               num_hidden_layers=4, n_layer=4, num_layers=4, num_attention_heads=4, n_head=4, num_heads=4,
               num_key_value_heads=2, head_dim=16, moe_intermediate_size=48, shared_expert_intermediate_size=48,
               num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, top_k_experts=2,
-              max_position_embeddings=4096, n_positions=1024)
+              max_position_embeddings=4096, n_positions=1024, linear_key_head_dim=16, linear_value_head_dim=16,
+              linear_num_key_heads=2, linear_num_value_heads=4)
 
 
 def tiny_config(model_type: str, vocab_size: int):
