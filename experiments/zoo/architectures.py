@@ -62,12 +62,6 @@ def _missing(model_type: str):
     return adapter_for(model_type)  # raises the one line naming the supported ones
 
 
-def known(model_type: str) -> bool:
-    from experiments.patching.arch import ADAPTERS
-
-    return model_type in ADAPTERS
-
-
 def supported() -> str:
     """The supported `model_type`s, for messages."""
     from experiments.patching.arch import supported as names

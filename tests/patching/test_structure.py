@@ -158,3 +158,23 @@ def test_icl_exp_models_lists_families_with_their_status_and_caches_them(icl, tm
     bad = icl("models", "olmo4")
     assert bad.returncode == 2 and bad.stderr.strip() == ("error: model_type 'olmo4' has no causal-LM class in the "
                                                           "installed transformers; did you mean 'olmo'?")
+
+
+def test_the_experts_biases_fit_k_positions_exactly_up_to_the_number_of_experts():
+    """The fixed patch's version of the same rule: A Δb = R (A: each position's gates over the E experts) is
+    exact for k ≤ E positions with independent gate rows; past E it is least squares (the control)."""
+    from experiments.patching.rules.moe_bias import MixtureOfExpertBiases
+
+    gen = torch.Generator().manual_seed(0)
+    E, d = 4, 16
+    P = torch.zeros(E, d, dtype=torch.float64)
+
+    def fit(k: int) -> float:
+        index = torch.stack([torch.randperm(E, generator=gen)[:2] for _ in range(k)])
+        weights = torch.rand(k, 2, generator=gen, dtype=torch.float64)
+        R = torch.randn(k, d, generator=gen, dtype=torch.float64)
+        _delta, moved = MixtureOfExpertBiases().fit_positions(None, None, P, (None, index, weights), {}, R)
+        return float((moved - R).abs().max() / R.abs().max())
+
+    assert fit(3) < 1e-12
+    assert fit(8) > 1e-3

@@ -48,7 +48,7 @@ class MixtureOfExpertBiases(OutputRule):
     def fit_positions(self, adapter, module, P, args, kwargs, R):
         # position i moves by Σ_e a_ie Δb_e (a_ie: expert e's gate there, 0 if not picked): A Δb = R
         _hidden, index, weights = args[:3]
-        A = torch.zeros(R.shape[0], P.shape[0], dtype=torch.float64)
+        A = torch.zeros(R.shape[0], P.shape[0], dtype=torch.float64, device=index.device)  # where the layer is
         A.scatter_(1, index.long(), weights.double())
-        delta = torch.linalg.lstsq(A, R.double()).solution
+        delta = torch.linalg.lstsq(A, R.double().to(A.device)).solution
         return delta, A @ delta
