@@ -51,11 +51,14 @@ PRE_MLP_NORM = ("post_attention_layernorm", "pre_feedforward_layernorm", "ffn_no
 POST_MLP_NORM = ("post_feedforward_layernorm", "post_mlp_layernorm", "post_ffw_norm", "post_ffn_norm",
                  "post_feedforward_norm")
 POSITION_EMBEDDINGS = ("wpe", "embed_positions", "position_embeddings")
-BRANCH_SCALES = ("residual_multiplier",)
+BRANCH_SCALES = ("residual_multiplier",)  # config keys scaling each branch before the residual: T = v + α g
 # parts after v + branch that read the token's own data (per-layer inputs: Gemma 4, Gemma 3n), the first of
 # them reading u = v + branch; a stored scalar multiplying the layer's output
 AFTER_THE_SUM = ("per_layer_input_gate", "per_layer_projection")
-OUTPUT_SCALES = ("layer_scalar",)  # config keys scaling each branch before the residual: T = v + α g
+OUTPUT_SCALES = ("layer_scalar",)
+
+
+CANNOT_BUILD = "transformers cannot build it as a causal LM"
 
 
 class NoForm(Exception):
@@ -99,7 +102,7 @@ def _meta_model(config) -> nn.Module:
     except Exception as err:
         from experiments.core.errors import first_line
 
-        raise NoForm(f"transformers cannot build it as a causal LM ({first_line(err)})") from None
+        raise NoForm(f"{CANNOT_BUILD} ({first_line(err)})") from None
 
 
 def _layers(model: nn.Module, reading: Reading) -> nn.ModuleList:
@@ -114,10 +117,11 @@ def read_tree(model: nn.Module, config) -> Reading:
     mixers = {r.mixer for r in every}  # a hybrid's mixers differ (attention, convolution): no parallel form
     mixer = mixers.pop() if len(mixers) == 1 else None
     every = [replace(r, mixer=mixer) for r in every]
-    readings = list({repr(r): r for r in every}.values())
+    distinct = {repr(r): (r, layer) for r, layer in zip(every, layers, strict=True)}
+    readings = [r for r, _ in distinct.values()]
     if len(readings) > 1:
-        kinds = sorted({f"{type(layers[0].get_submodule(r.mlp)).__name__} reading z by {', '.join(r.inputs)}"
-                        for r in readings})
+        kinds = sorted({f"{type(layer.get_submodule(r.mlp)).__name__} reading z by {', '.join(r.inputs)}"
+                        for r, layer in distinct.values()})
         raise NoForm(f"its decoder layers have different MLPs ({'; '.join(kinds)}): one adapter cannot describe "
                      "them all")
     reading = readings[0]
@@ -129,7 +133,8 @@ def read_tree(model: nn.Module, config) -> Reading:
 
 def _find_layers(model: nn.Module, config) -> tuple[str, str]:
     """(the decoder's path, the attribute holding its layers): the first ModuleList of num_hidden_layers."""
-    n = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config  # a multimodal model's
+    n = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
     for path, module in model.named_modules():
         for attr, child in module.named_children():
             if isinstance(child, nn.ModuleList) and len(child) == n and len(child) and \

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 BY_FILE, BY_STRUCTURE, REFUSED, NOT_CHECKED = "adapter file", "module tree", "refused", "not checked"
-LIMIT_S = 60  # a family whose tiny model takes longer is listed as not checked (its kernels' reference paths)
+LIMIT_S = 30  # a family whose tiny model takes longer is listed as not checked (its kernels' reference paths)
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def family_status(model_type: str) -> FamilyStatus:
     from experiments.core.errors import UserError, first_line
     from experiments.patching.arch import ADAPTERS
     from experiments.patching.arch.check import choose_adapter, describe
-    from experiments.patching.arch.structure import NoForm, candidates
+    from experiments.patching.arch.structure import CANNOT_BUILD, NoForm, candidates
     from experiments.patching.arch.tiny import tiny_config
     from experiments.zoo.tokenizer import byte_tokenizer
 
@@ -53,6 +53,8 @@ def family_status(model_type: str) -> FamilyStatus:
     try:
         forms = candidates(config)
     except NoForm as why:
+        if str(why).startswith(CANNOT_BUILD):  # the shrunk config's fault, not the family's
+            return FamilyStatus(model_type, NOT_CHECKED, f"its tiny model could not be built ({why})")
         return FamilyStatus(model_type, REFUSED, str(why))
     if not forms:
         return FamilyStatus(model_type, REFUSED, "no form of Table 1 fits its module tree")
@@ -114,7 +116,7 @@ def survey(model_types: list[str] | None = None, refresh: bool = False, progress
     return out
 
 
-class _TooLong(Exception):
+class _TooLong(BaseException):  # not an Exception: the steps' own `except Exception` must let it through
     pass
 
 
