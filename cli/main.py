@@ -121,7 +121,8 @@ def _register_subcommands() -> None:
 
     for module_name, attr, cmd in (("cli.patch", "app", "patch"), ("cli.report", "report", "report"),
                                    ("cli.reproduce", "reproduce", "reproduce"),
-                                   ("cli.resume", "resume", "resume"), ("cli.show", "show", "show")):
+                                   ("cli.resume", "resume", "resume"), ("cli.show", "show", "show"),
+                                   ("cli.models", "models", "models")):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:

@@ -8,9 +8,11 @@ updates (rounded.py) can all name them without importing one another.
 LINEAR = "linear"  # nn.Linear weight (out, in): y = W z
 CONV1D = "conv1d"  # GPT-2's Conv1D weight (in, out): y = z W, so the effective matrix is Wᵀ
 EXPERTS = "experts"  # an MoE's stacked expert weights (E, out, in): y_e = W_e z
+EXPERTS_IN_OUT = "experts_in_out"  # stacked the other way, (E, in, out): y_e = z W_e (gpt-oss)
 
 # Output rules (Table 1):
 OUTER_BIAS = "outer_bias"  # Thm 8: Δb = r
 OUTER_WEIGHT = "outer_weight"  # Thm 9: ΔW′ = r yᵀ / ‖y‖², y = the input of the outer matrix
 SCALE = "scale"  # Thm 10: Δm = r ⊘ h, h = the normalized output before the scale
 MOE = "moe"  # Thm 11: each active expert's outer matrix adds r / S
+MOE_BIAS = "moe_bias"  # Thm 8 in Thm 11: each active expert's outer bias adds r / S (rules/moe_bias.py)

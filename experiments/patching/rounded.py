@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from experiments.patching import lemmas
-from experiments.patching.kinds import CONV1D, EXPERTS
+from experiments.patching.kinds import CONV1D, EXPERTS, EXPERTS_IN_OUT
 
 CPU_BLOCK_BYTES = 1 << 21  # a row block in the compute dtype: stays in cache between its two uses
 GPU_BLOCK_BYTES = 1 << 28  # one block for a 1B model's matrices; bounds the float32 copy of a bf16 one
@@ -73,6 +73,13 @@ def input_update_rounded(W: Tensor, layout: str, z_c: Tensor, z: Tensor, out: Te
         u, _ = lemmas.input_update(W.to(cdt).T, z_c, z)
         add_outer_rounded(W, u, s, out, CONV1D, cdt)
         return u
+    if layout == EXPERTS_IN_OUT:  # (E, in, out): each expert's storage is its effective matrix's transpose
+        us = []
+        for e in range(W.shape[0]):
+            u, _ = lemmas.input_update(W[e].to(cdt).T, z_c, z)
+            add_rank1_by_rows(W[e], s, u, out[e], cdt)
+            us.append(u)
+        return torch.cat(us)
     # linear (out, in), or experts (E, out, in) as (E·out, in): u_i = W_i · (z_C − z), row by row (Thm 7's u)
     dz = z_c - z
     return add_rank1_by_rows(W, lambda w, _rows: torch.mv(w, dz), s, out, cdt)

@@ -77,6 +77,20 @@ def _needs_post_norm(variant: str, adapter: BlockAdapter) -> str | None:
             f"(only {have}); use variant=naive or closed_loop")
 
 
+def _scaled_branch(variant: str, adapter: BlockAdapter) -> str | None:
+    """App. B's steps and the closed loop solve for the branch's output as if T = v + g; a branch scaled by
+    α (rules/scaled_branch.py), or a layer that goes on after v + g with the token's own data (Gemma 4's
+    per-layer inputs, its layer scalar), is taken by the open loop only."""
+    if adapter.branch_scale != 1.0:
+        return (f"variant={variant} solves for T = v + g, and {adapter.family} scales its branch by "
+                f"{adapter.branch_scale:g}; use variant=naive")
+    if adapter.sum_at or adapter.output_scale:
+        after = ", ".join(x for x in (adapter.sum_at, adapter.output_scale) if x)
+        return (f"variant={variant} solves for T = v + g, and {adapter.family}'s layer goes on after v + g "
+                f"({after}); use variant=naive")
+    return None
+
+
 def _families_with_post_norm() -> list[str]:
     from experiments.patching.arch import FAMILIES
 
@@ -124,7 +138,7 @@ class Stable(OpenLoop):
     sign_target: ClassVar[bool] = False
 
     def unsupported(self, adapter):
-        return _needs_post_norm(self.name, adapter)
+        return _needs_post_norm(self.name, adapter) or _scaled_branch(self.name, adapter)
 
     def output_step(self):
         from experiments.patching.open_loop import stable_step
@@ -150,6 +164,9 @@ class ClosedLoop(Variant):
     def open_counterpart(self, adapter):
         return "conditioned" if self.conditioned and _post_norm_block(adapter) else "naive"
 
+    def unsupported(self, adapter):
+        return _scaled_branch(self.name, adapter)
+
     def patch(self, patcher, layer, target, args, kwargs):
         from experiments.patching.closed_loop import patched_layer_forward
 
@@ -163,6 +180,8 @@ class ClosedLoopScale(ClosedLoop):
     conditioned = False
 
     def unsupported(self, adapter):
+        if _scaled_branch(self.name, adapter):
+            return _scaled_branch(self.name, adapter)
         if adapter.output_rule == SCALE and adapter.pre_norm_matrix:
             return None
         return (f"variant={self.name} (Thm 10 alone in the closed loop) is the post-norm closed loop without its "

@@ -14,39 +14,52 @@ from __future__ import annotations
 
 
 def require(config) -> None:
-    """One line naming the supported architectures when `config.model_type` has no adapter, unless its decoder
-    layer has Llama's module names: then the Llama adapter is put on trial for it (patching/arch/llama_style.py),
+    """One line when `config.model_type` cannot be patched: it has no adapter file and its module tree fits
+    no Table 1 form (patching/arch/structure.py says what is missing). A tree that fits is put on trial,
     kept only if `check_block` passes once the model is loaded. Nothing is loaded here (the meta device)."""
-    from experiments.patching.arch import ADAPTERS, LLAMA_STYLE, adapter_for
-    from experiments.patching.arch.llama_style import llama_style_adapter
+    from experiments.core.errors import UserError
+    from experiments.patching.arch import ADAPTERS, STRUCTURAL, supported
+    from experiments.patching.arch.structure import NoForm, candidates
 
     model_type = config.model_type
-    if model_type not in ADAPTERS and model_type not in LLAMA_STYLE:
-        trial = llama_style_adapter(config)
-        if trial is not None:
-            LLAMA_STYLE[model_type] = trial
-    adapter_for(model_type)
+    if model_type in ADAPTERS:
+        return
+    # read again for every config: two checkpoints of one model_type may differ in structure (Gemma 4's sizes:
+    # per-layer inputs or not, experts or not), and a sweep loads them in one process
+    try:
+        forms = candidates(config)
+    except NoForm as why:
+        STRUCTURAL.pop(model_type, None)
+        raise UserError(f"model_type {model_type!r} has no context-patching adapter and its module tree fits no "
+                        f"form of Table 1: {why}; with an adapter file: {supported()}") from None
+    if not forms:
+        raise UserError(f"model_type {model_type!r} has no context-patching adapter and no form of Table 1 fits "
+                        f"its module tree; with an adapter file: {supported()}")
+    STRUCTURAL[model_type] = forms
 
 
 def check_block(model) -> None:
     """The model's adapter checked against its stock decoder layers (patching/arch/check.py), once per layer
-    structure: one line saying what differed when it misdescribes them; a Llama-style trial that fails is
-    withdrawn."""
-    from experiments.patching.arch import LLAMA_STYLE, adapter_for
-    from experiments.patching.arch.check import check_adapter
+    structure: one line saying what differed when it misdescribes them. A structural guess's forms are tried
+    in turn and the first that holds is kept; when none does, the guess is withdrawn."""
+    from experiments.patching.arch import ADAPTERS, STRUCTURAL
+    from experiments.patching.arch.check import check_adapter, choose_adapter
 
     model_type = model.config.model_type
+    if model_type in ADAPTERS or model_type not in STRUCTURAL:
+        check_adapter(model, ADAPTERS[model_type] if model_type in ADAPTERS else _missing(model_type))
+        return
     try:
-        check_adapter(model, adapter_for(model_type))
+        STRUCTURAL[model_type] = [choose_adapter(model, STRUCTURAL[model_type])]
     except Exception:
-        LLAMA_STYLE.pop(model_type, None)
+        STRUCTURAL.pop(model_type, None)
         raise
 
 
-def known(model_type: str) -> bool:
-    from experiments.patching.arch import ADAPTERS
+def _missing(model_type: str):
+    from experiments.patching.arch import adapter_for
 
-    return model_type in ADAPTERS
+    return adapter_for(model_type)  # raises the one line naming the supported ones
 
 
 def supported() -> str:
@@ -72,7 +85,7 @@ def tiny_config(name: str, vocab_size: int):
 
 def load_kwargs(model_type: str) -> dict:
     """What the architecture's adapter asks of the loader (e.g. Mixtral: experts run eagerly)."""
-    from experiments.patching.arch import ADAPTERS
+    from experiments.patching.arch import ADAPTERS, STRUCTURAL
 
-    adapter = ADAPTERS.get(model_type)
+    adapter = ADAPTERS.get(model_type) or next(iter(STRUCTURAL.get(model_type, ())), None)
     return dict(adapter.load_kwargs) if adapter else {}

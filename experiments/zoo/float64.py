@@ -21,6 +21,7 @@ model that saved it, so a float64 reload is compared with float64's bar, not wit
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import types
@@ -38,10 +39,12 @@ def exact_float64_(model: nn.Module) -> nn.Module:
     for module in model.modules():
         kind = type(module).__name__
         if kind.endswith("RMSNorm"):
-            module.forward = types.MethodType(_gemma_rms_forward if _one_plus(module) else _rms_forward, module)
+            forward = _gemma_rms_forward if scales_by_one_plus(module) else _rms_forward
+            module.forward = types.MethodType(forward if _has_weight(module) else _unscaled_rms_forward, module)
         elif kind.endswith("RotaryEmbedding") and _has_inv_freq(module):  # (GPT-J's is a stored table)
             module.inv_freq64 = _float64_tables(module)
-            module.forward = types.MethodType(_rotary_forward, module)
+            if _standard_tables(module):
+                module.forward = types.MethodType(_rotary_forward, module)
     for config in (getattr(model, "config", None), getattr(getattr(model, "config", None), "text_config", None)):
         if config is not None and getattr(config, "_attn_implementation", None) == "eager":
             config._attn_implementation = "sdpa"  # eager's softmax is float32; SDPA's is the inputs' dtype
@@ -56,17 +59,52 @@ def reload_float64(folder, dtype: torch.dtype, **kwargs) -> nn.Module:
     return exact_float64_(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval())
 
 
+def _standard_tables(module: nn.Module) -> bool:
+    """Whether the rotary module returns (cos, sin) of [freqs, freqs], as `_rotary_forward` does (GPT-J's is a
+    stored table; gpt-oss's returns the half tables): asked of its own forward on two positions."""
+    x = torch.zeros(1, dtype=torch.float64, device=module.inv_freq64[next(iter(module.inv_freq64))].device)
+    positions = torch.arange(2, device=x.device)[None]
+    try:
+        theirs = module.forward(x, positions)
+        ours = _rotary_forward(module, x, positions)
+    except Exception:  # a forward that needs more (Gemma 4's layer type): the standard one, per type
+        return True
+    if theirs[0].shape == ours[0].shape:
+        return True
+    log.warning("float64: %s's tables are not the standard layout; its inverse frequencies keep their float32 "
+                "values", type(module).__name__)
+    return False
+
+
 def _has_inv_freq(module: nn.Module) -> bool:
     return any(name.endswith("inv_freq") for name, _ in module.named_buffers(recurse=False))
 
 
 def is_exact_float64(model: nn.Module) -> bool:
-    return any(getattr(m.forward, "__func__", None) in (_gemma_rms_forward, _rms_forward) for m in model.modules())
+    ours = (_gemma_rms_forward, _rms_forward, _unscaled_rms_forward)
+    return any(getattr(m.forward, "__func__", None) in ours for m in model.modules())
 
 
-def _one_plus(norm: nn.Module) -> bool:
-    """Gemma's RMSNorm scales by 1 + weight (weight initialised to 0); Llama's by weight."""
-    return "Gemma" in type(norm).__name__
+def scales_by_one_plus(norm: nn.Module) -> bool:
+    """Whether the RMSNorm scales by 1 + weight (Gemma 1-3, weight initialised to 0) or by the weight itself
+    (Llama's, Gemma 4's): asked of the norm itself, a CPU copy with its weight set to 0 run on ones (1 or 0
+    out). A class name would not do: Gemma 4's norm scales by its weight."""
+    if not _has_weight(norm):
+        return False
+    probe = copy.deepcopy(norm)
+    probe = probe.to_empty(device="cpu") if norm.weight.is_meta else probe.cpu()
+    probe = probe.float()
+    with torch.no_grad():
+        probe.weight.zero_()
+        try:
+            out = probe(torch.ones(1, 1, norm.weight.shape[-1]))
+        except Exception:  # a norm with more inputs (a gated one): not Gemma's
+            return False
+    return float(out.abs().max()) > 0.5
+
+
+def _has_weight(norm: nn.Module) -> bool:
+    return isinstance(getattr(norm, "weight", None), torch.Tensor)
 
 
 def _eps(norm: nn.Module) -> float:
@@ -83,6 +121,10 @@ def _gemma_rms_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def _rms_forward(self, x: torch.Tensor) -> torch.Tensor:
     return (self.weight.double() * _normalize(self, x.double())).type_as(x)
+
+
+def _unscaled_rms_forward(self, x: torch.Tensor) -> torch.Tensor:  # a norm without a scale (Gemma 4's router)
+    return _normalize(self, x.double()).type_as(x)
 
 
 def float64_inv_freq(rope: dict, head_dim: int) -> torch.Tensor | None:
@@ -111,7 +153,6 @@ def _float64_tables(module: nn.Module) -> dict[str, torch.Tensor]:
     """Per buffer prefix ("" or a layer type's "sliding_attention_"), the float64 inverse frequencies; the stored
     float32 ones where the rope type has no float64 formula here."""
     config = module.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rope = getattr(config, "rope_parameters", None) or {}
     tables = {}
     for name, buffer in module.named_buffers(recurse=False):
@@ -119,13 +160,21 @@ def _float64_tables(module: nn.Module) -> dict[str, torch.Tensor]:
             continue
         prefix = name[: -len("inv_freq")]
         params = rope.get(prefix[:-1], rope) if prefix else rope
-        inv = float64_inv_freq(params, head_dim) if "rope_theta" in params else None
+        inv = float64_inv_freq(params, _head_dim(config, prefix[:-1])) if "rope_theta" in params else None
         if inv is None or inv.shape != buffer.shape:
             log.warning("float64: %s rope type %r has no float64 formula here; its inverse frequencies keep their "
                         "float32 values", type(module).__name__, params.get("rope_type"))
             inv = buffer.double()
         tables[prefix] = inv.to(buffer.device)
     return tables
+
+
+def _head_dim(config, layer_type: str) -> int:
+    """The head dimension of `layer_type`'s layers (Gemma 4's differ by type: its config keeps one per layer)."""
+    per_layer, types_ = getattr(config, "per_layer_config", None), getattr(config, "layer_types", None)
+    if layer_type and per_layer is not None and types_ and layer_type in types_:
+        config = per_layer[types_.index(layer_type)]
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def _rotary_forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):

@@ -70,7 +70,7 @@ def _file_key(path: Path) -> str:
 
 def _check_architecture(gguf: Path, name: str, hint: str):
     """The GGUF's metadata, or one line, before any weight is read, for a file that is not a GGUF or whose
-    architecture transformers cannot build or no adapter reads."""
+    architecture transformers cannot build or whose block neither an adapter file nor its module tree describes."""
     from transformers import AutoConfig
 
     from experiments.zoo import architectures
@@ -83,9 +83,10 @@ def _check_architecture(gguf: Path, name: str, hint: str):
     except Exception as err:
         raise UserError(f"model={name!r}: a GGUF of architecture {meta.architecture!r}, which transformers cannot "
                         f"load ({first_line(err)}); supported: {architectures.supported()}") from None
-    if not architectures.known(config.model_type):
-        raise UserError(f"model={name!r}: a GGUF of architecture {config.model_type!r}, which has no "
-                        f"context-patching adapter; supported: {architectures.supported()}")
+    try:  # an adapter file, or a module tree some Table 1 form fits (checked once the model is loaded)
+        architectures.require(config)
+    except UserError as err:
+        raise UserError(f"model={name!r}: a GGUF of architecture {config.model_type!r}: {err}") from None
     require_extra("accelerate", repr(name), hint)  # transformers' GGUF loading needs it
     return meta
 

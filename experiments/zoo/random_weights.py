@@ -14,6 +14,8 @@ import math
 import torch
 from torch import nn
 
+from experiments.zoo.float64 import scales_by_one_plus
+
 EMBED_STD = 0.4  # logits of the tied output layer then spread by a few units, like a trained model's
 
 
@@ -21,7 +23,8 @@ EMBED_STD = 0.4  # logits of the tied output layer then spread by a few units, l
 def randomize_(model: nn.Module, seed: int) -> nn.Module:
     """Redraw every weight from a seeded generator: matrices and convolutions N(0, 1/fan_in); token
     and position embeddings and the output layer N(0, EMBED_STD²); Gemma's RMSNorm
-    weights N(0, 0.3²), so that its scales m = 1 + w vary; LayerNorm weights 1 + N(0, 0.1²); biases 0."""
+    weights N(0, 0.3²), so that its scales m = 1 + w vary (a norm that scales by 1 + w, asked of the
+    norm itself: Gemma 4's scales by w); LayerNorm weights 1 + N(0, 0.1²); biases 0."""
     gen = torch.Generator().manual_seed(seed)
 
     def draw(p: torch.Tensor, std: float, mean: float = 0.0) -> None:
@@ -41,7 +44,7 @@ def randomize_(model: nn.Module, seed: int) -> nn.Module:
                 p.zero_()
             elif p.ndim >= 2:
                 draw(p, 1.0 / math.sqrt(_fan_in(module, p)))
-            elif "Gemma" in type(module).__name__:  # Gemma3RMSNorm weights (scale 1 + w)
+            elif "norm" in type(module).__name__.lower() and scales_by_one_plus(module):  # Gemma 3's: 1 + w
                 draw(p, 0.3)
             else:  # RMSNorm weights that are the scale itself (Llama, Mixtral)
                 draw(p, 0.3, 1.0)

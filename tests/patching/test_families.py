@@ -1,9 +1,10 @@
 """Families as a user brings them: a checkpoint folder (config, weights and a tokenizer, as save_pretrained
 writes them) given as model=PATH. Qwen 3, Phi-3 (fused gate/up) and GPT-NeoX (parallel residual, and the
-sequential variant the same adapter reads) patch exactly in float64 through the CLI; OLMo 1, which has no
-adapter but Llama's module names, is tried with Llama's and passes the check against its stock layer;
-Granite, which has Llama's names but scales the MLP's output before the residual, is refused in one line
-that names the family and what differed; and adapters broken on purpose are refused by the same check."""
+sequential variant the same adapter reads) patch exactly in float64 through the CLI; OLMo 1 and Granite,
+which have no adapter file, are read from their module trees (Granite's branch scaled by its
+residual_multiplier, which the output rule absorbs) and pass the check against their stock layers; a
+structural guess that misses the scale is refused in one line naming the layer, the form and what differed;
+and adapters broken on purpose are refused by the same check."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from experiments.core.errors import UserError
-from experiments.patching.arch import LLAMA_STYLE, gpt_neox, llama, phi3, qwen3
+from experiments.patching.arch import STRUCTURAL, gpt_neox, llama, phi3, qwen3
 from experiments.patching.arch.base import tiny_common
 from experiments.patching.arch.check import check_adapter
 from experiments.zoo.tokenizer import byte_tokenizer
@@ -69,8 +70,8 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.numeric  # float64 at rounding level: CI runs it again under another CPU kernel set
-def test_qwen3_phi3_gpt_neox_and_a_llama_style_olmo_patch_exactly_through_the_cli(folders, icl, tmp_path):
-    names = ["qwen3", "phi3", "gpt_neox", "gpt_neox_sequential", "olmo"]
+def test_qwen3_phi3_gpt_neox_and_structural_olmo_and_granite_patch_exactly_through_the_cli(folders, icl, tmp_path):
+    names = ["qwen3", "phi3", "gpt_neox", "gpt_neox_sequential", "olmo", "granite"]
     sweep = tmp_path / "sweep"
     r = icl("run", "patch_match", "-m", "preset=smoke", "dtype=float64", "variant=naive", "max_new_tokens=3",
             "model=" + ",".join(str(folders[n]) for n in names), f"hydra.sweep.dir={sweep}")
@@ -82,16 +83,39 @@ def test_qwen3_phi3_gpt_neox_and_a_llama_style_olmo_patch_exactly_through_the_cl
         assert value("logit_linf_rel").max() < 1e-10, (name, value("logit_linf_rel").max())  # float64: exact
         assert value("control_logit_linf").median() > 0.1, name  # the token alone, unpatched, is far off
         assert m["model"].iloc[0] == str(folders[name])
-    assert "Llama-style (olmo)" in pd.read_csv(sweep / "4" / "metrics.csv")["family"].iloc[0]
+    assert "structural (olmo)" in pd.read_csv(sweep / "4" / "metrics.csv")["family"].iloc[0]
 
 
-def test_a_block_the_check_rejects_is_one_line_naming_the_family_and_what_differed(folders, icl, tmp_path):
-    r = icl("run", "patch_match", "preset=smoke", f"model={folders['granite']}", f"hydra.run.dir={tmp_path / 'run'}")
+def test_a_structural_guess_that_misses_the_branch_scale_is_refused_in_one_line(folders):
+    """Granite read as if its config did not say residual_multiplier = 0.5: every form fails the check, and
+    the line names the layer, the first form tried and the difference."""
+    from transformers import AutoModelForCausalLM
+
+    from experiments.patching.arch.check import choose_adapter
+    from experiments.patching.arch.structure import candidates
+
+    forms = [replace(form, branch_scale=1.0) for form in candidates(granite_config(300))]
+    assert all(f.branch_scale == 1.0 for f in forms) and candidates(granite_config(300))[0].branch_scale == 0.5
+    model = AutoModelForCausalLM.from_pretrained(folders["granite"]).eval()
+    with pytest.raises(UserError) as err:
+        choose_adapter(model, forms)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("model_type 'granite': the structural (granite) adapter does not "
+                                                "describe its decoder layer 0 (GraniteDecoderLayer): its output is "
+                                                "not v + the output of mlp (relative difference")
+    assert "(form tried: Thm 7 + Thm 9 (outer weight); v read at the input of post_attention_layernorm" in line
+    assert line.endswith("no form of Table 1 fits it; refused")
+    choose_adapter(model, candidates(granite_config(300)))  # the control: with the scale it holds
+
+
+def test_a_scaled_branch_is_taken_by_the_open_loop_only(folders, icl, tmp_path):
+    r = icl("run", "patch_match", "preset=smoke", "variant=closed_loop", f"model={folders['granite']}",
+            f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode == 2
     errors = [line for line in r.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith("error: model_type 'granite'"), r.stderr
-    assert "Llama-style (granite)" in errors[0] and "not v + the output of mlp.down_proj" in errors[0], errors
-    assert "granite" not in LLAMA_STYLE  # (this process never tried it: the CLI ran in its own)
+    assert len(errors) == 1 and "variant=closed_loop solves for T = v + g" in errors[0], r.stderr
+    assert "scales its branch by 0.5; use variant=naive" in errors[0]
+    assert not (tmp_path / "run").exists()
 
 
 WRONG = {
@@ -117,16 +141,19 @@ def test_a_deliberately_wrong_adapter_is_refused_in_one_line(wrong):
     assert "\n" not in str(err.value) and "the Llama adapter does not describe its decoder layer 0" in str(err.value)
 
 
-def test_a_family_without_an_adapter_or_llama_names_is_refused_before_loading():
-    from transformers import Gemma2Config
+def test_a_pure_state_space_model_is_refused_before_loading_for_want_of_an_mlp():
+    """Mamba's block is a norm and a mixer, nothing after it: no MLP to absorb the context, one line."""
+    from transformers import MambaConfig
 
     from experiments.zoo import architectures
 
-    config = Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=16, **tiny_common(300))
-    with pytest.raises(UserError, match="model_type 'gemma2' has no context-patching adapter; supported: "):
+    config = MambaConfig(hidden_size=64, state_size=8, num_hidden_layers=2, **tiny_common(300))
+    with pytest.raises(UserError, match="model_type 'mamba' has no context-patching adapter and its module tree fits "
+                                        r"no form of Table 1: its token mixer \(mixer\) has no MLP after it: the "
+                                        "theorem needs an MLP after the mixer") as err:
         architectures.require(config)
-    assert "gemma2" not in LLAMA_STYLE
+    assert "\n" not in str(err.value)
+    assert "mamba" not in STRUCTURAL
 
 
 def test_the_check_runs_the_layer_where_the_layer_is():

@@ -151,14 +151,34 @@ def test_a_gguf_of_an_architecture_transformers_cannot_build_is_named(tmp_path, 
     assert files_under(tmp_path / "cache") == []
 
 
-def test_an_architecture_without_an_adapter_is_refused_naming_the_supported_ones(tmp_path, monkeypatch):
+def test_an_architecture_without_an_adapter_whose_tree_fits_no_form_is_refused(tmp_path, monkeypatch):
     from experiments.patching import arch
+    from experiments.patching.arch import structure
+
+    def no_form(_config):
+        raise structure.NoForm("its decoder layer has no MLP")
 
     monkeypatch.setenv("ICL_EXP_CACHE", str(tmp_path / "cache"))
     monkeypatch.delitem(arch.ADAPTERS, "llama")  # as if the GGUF held an architecture we cannot patch
+    monkeypatch.setattr(structure, "candidates", no_form)
     tiny_gguf(tmp_path / "other.gguf", architecture="llama")
-    refused(str(tmp_path / "other.gguf"), "'llama', which has no context-patching adapter; supported: .*gemma")
+    refused(str(tmp_path / "other.gguf"), "a GGUF of architecture 'llama': model_type 'llama' has no "
+                                          "context-patching adapter and its module tree fits no form of Table 1: "
+                                          "its decoder layer has no MLP; with an adapter file: .*gemma")
     assert files_under(tmp_path / "cache") == []
+
+
+def test_an_architecture_without_an_adapter_file_takes_the_structural_route(tmp_path, monkeypatch):
+    """The control: the same GGUF, its block read from its module tree, passes the gate before conversion (the
+    forms go on trial; the check on the loaded model picks one)."""
+    from experiments.patching import arch
+
+    monkeypatch.setenv("ICL_EXP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delitem(arch.ADAPTERS, "llama")
+    monkeypatch.delitem(arch.STRUCTURAL, "llama", raising=False)
+    tiny_gguf(tmp_path / "other.gguf", architecture="llama")
+    gguf._check_architecture(tmp_path / "other.gguf", "other.gguf", "")
+    assert arch.STRUCTURAL.pop("llama")[0].family == "structural (llama)"
 
 
 def test_a_failure_while_converting_leaves_no_half_written_folder(tmp_path, monkeypatch):

@@ -6,8 +6,9 @@ and its line in FAMILIES. The offline tiny model, the parametrized tests over TI
 `model_type` lookup follow from that line. Every adapter is checked against the stock decoder layer when a
 model is loaded (check.py): a block it misdescribes is refused in one line saying what differed.
 
-A `model_type` with no adapter whose decoder layer has Llama's module names (llama_style.py) is tried
-with the Llama adapter (LLAMA_STYLE) and kept only if that check passes (docs/models.md says why)."""
+A `model_type` with no adapter file is read from its module tree (structure.py): the Table 1 forms that fit
+it are put on trial (STRUCTURAL), and the check on the loaded model keeps the first that holds, or refuses
+the family in one line (docs/models.md says why that is safe)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ FAMILIES: tuple[BlockAdapter, ...] = (
     gpt_neox.ADAPTER,
 )
 ADAPTERS: dict[str, BlockAdapter] = {t: adapter for adapter in FAMILIES for t in adapter.model_types}
-# model_type -> the Llama adapter tried for a family without one whose layer has Llama's module names
-# (llama_style.py); on trial until the model's check passes (check.py removes a failed one)
-LLAMA_STYLE: dict[str, BlockAdapter] = {}
+# model_type -> the forms its module tree allows (structure.py), most likely first, for a family without an
+# adapter file; on trial until the loaded model's check picks one (then the list holds that one alone)
+STRUCTURAL: dict[str, list[BlockAdapter]] = {}
 # offline name -> adapter, for the families that carry a tiny random test model (all of them today)
 TINY_MODELS: dict[str, BlockAdapter] = {a.tiny_model: a for a in FAMILIES if a.tiny_model and a.tiny_config}
 
@@ -41,7 +42,7 @@ def supported() -> str:
 def adapter_for(model_type: str) -> BlockAdapter:
     """The adapter for a transformers `model_type`, or one line naming the supported ones."""
     try:
-        return ADAPTERS[model_type] if model_type in ADAPTERS else LLAMA_STYLE[model_type]
+        return ADAPTERS[model_type] if model_type in ADAPTERS else STRUCTURAL[model_type][0]
     except KeyError:
         raise UserError(f"model_type {model_type!r} has no context-patching adapter; "
                         f"supported: {supported()}") from None

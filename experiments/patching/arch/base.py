@@ -26,7 +26,17 @@ from typing import Any
 from torch import nn
 
 # the layouts and rule names, re-exported: an adapter imports them from here
-from experiments.patching.kinds import CONV1D, EXPERTS, LINEAR, MOE, OUTER_BIAS, OUTER_WEIGHT, SCALE  # noqa: F401
+from experiments.patching.kinds import (  # noqa: F401
+    CONV1D,
+    EXPERTS,
+    EXPERTS_IN_OUT,
+    LINEAR,
+    MOE,
+    MOE_BIAS,
+    OUTER_BIAS,
+    OUTER_WEIGHT,
+    SCALE,
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,15 @@ class BlockAdapter:
     tiny_config: Callable[[int], Any] | None = None
     # extra `from_pretrained` / `from_config` keywords the rules need (an MoE's experts run eagerly)
     load_kwargs: dict[str, str] = field(default_factory=dict)
+    # T = v + branch_scale · (the branch): the output rule moves the branch by r / branch_scale (Granite's
+    # residual_multiplier; rules/scaled_branch.py)
+    branch_scale: float = 1.0
+    # after u = v + branch the layer may go on with data of the token alone, never of the context: a module
+    # whose input is u (Gemma 4's per-layer inputs: u + N(W_proj(act(W_gate u) ⊙ e_token))), and a stored
+    # scalar multiplying the layer's output (Gemma 4's layer_scalar). T is then a function of u and the token:
+    # the patch makes u = u_C, so T = T_C; only the check reads these (where to compare v + branch)
+    sum_at: str | None = None
+    output_scale: str | None = None
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return getattr(self.decoder(model), self.layers_attr)
@@ -67,6 +86,10 @@ class BlockAdapter:
         """The Table 1 output rule this block uses (`patching/rules/`), an `OutputRule`."""
         from experiments.patching.rules import rule_for  # the rules import this module's constants
 
+        if self.branch_scale != 1.0:
+            from experiments.patching.rules.scaled_branch import ScaledBranch
+
+            return ScaledBranch(rule_for(self.output_rule), self.branch_scale)
         return rule_for(self.output_rule)
 
 

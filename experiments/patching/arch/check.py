@@ -6,7 +6,8 @@ have one) is copied to float64 and run by its own forward on a random input, twi
 input H_C and another input H; only the query, the last position, is compared), and the adapter's reading
 of the block is tested where Algorithm 1 relies on it:
 1. decomposition: the layer's output is T = v + (the output of the module whose parameter the rule
-   changes): the residual is where the adapter reads it, and nothing scales or normalizes the branch after;
+   changes, or of the MLP when that module is inside it: a shared expert may run beside the experts): the
+   residual is where the adapter reads it, and nothing scales or normalizes the branch after;
 2. input update (Thms 6–7): with the adapter's input matrices updated from z to z_C, the MLP's output on H
    is its output on H_C: every matrix that reads z is named, and z is what the MLP reads;
 3. output rule (Thms 8–12): with the rule's update for r = v_C − v added, the layer's output on H is its
@@ -54,6 +55,31 @@ def check_adapter(model: nn.Module, adapter: BlockAdapter) -> None:
             raise UserError(f"model_type {model.config.model_type!r}: the {adapter.family} adapter does not describe "
                             f"its decoder layer {index} ({type(layers[index]).__name__}): {why}; refused")
         _checked.add((type(layers[index]), key, id(adapter)))
+
+
+def choose_adapter(model: nn.Module, forms: list[BlockAdapter]) -> BlockAdapter:
+    """The first of `forms` (a structural guess's candidates, most likely first) that the check accepts on
+    `model`; when none does, the first form's failure in one line, naming the form tried."""
+    first: UserError | None = None
+    for form in forms:
+        try:
+            check_adapter(model, form)
+            return form
+        except UserError as err:
+            first = first or UserError(f"{str(err).removesuffix('; refused')} (form tried: {describe(form)}); "
+                                       "no form of Table 1 fits it; refused")
+    raise first if first else UserError(f"model_type {model.config.model_type!r}: no form of Table 1 to try")
+
+
+def describe(adapter: BlockAdapter) -> str:
+    """A form in words: its theorems, where v is read, which matrices read z, what absorbs r."""
+    at = f"v read at the input of {adapter.residual_at}" if adapter.residual_at else \
+        f"parallel block, v = x + {adapter.attention}"
+    scaled = "" if adapter.branch_scale == 1.0 else f" (the branch scaled by {adapter.branch_scale:g}: r / it)"
+    after = ", ".join(x for x in (adapter.sum_at, adapter.output_scale) if x)
+    scaled += f"; after v + branch, token data only ({after})" if after else ""
+    return (f"{adapter.theorem}; {at}; z read by {', '.join(adapter.input_matrices)}; "
+            f"r absorbed by {adapter.output_param}{scaled}")
 
 
 def _structures(layers: nn.ModuleList) -> dict[tuple, int]:
@@ -121,6 +147,9 @@ def _run(adapter: BlockAdapter, layer: nn.Module, args: tuple, kwargs: dict, hid
     keep_out = lambda name: lambda _m, _a, out: values.__setitem__(name, last_position(first_output(out)))  # noqa: E731
     handles.append(layer.get_submodule(adapter.mlp).register_forward_hook(keep_out("mlp_out")))
     handles.append(adapter.owner(layer).register_forward_hook(keep_out("branch")))
+    if adapter.sum_at:  # u = v + branch, read where the layer goes on with the token's own data
+        keep_in = lambda _m, args: values.__setitem__("sum", last_position(args[0]))  # noqa: E731
+        handles.append(layer.get_submodule(adapter.sum_at).register_forward_pre_hook(keep_in))
     call_args, call_kwargs = ((hidden, *args[1:]), kwargs) if args else (args, dict(kwargs, hidden_states=hidden))
     try:
         with torch.no_grad():
@@ -149,7 +178,8 @@ def _check_layer(layer: nn.Module, adapter: BlockAdapter, args: tuple, kwargs: d
         with_c, alone = _run(adapter, layer, args, kwargs, h_c, {}), _run(adapter, layer, args, kwargs, h, {})
     except Exception as err:
         return f"its forward failed in float64 ({first_line(err)})"
-    never = [name for name in (*_expected(adapter), "mlp_out", "branch") if name not in with_c]
+    never = [name for name in (*_expected(adapter), "mlp_out", "branch", *(["sum"] if adapter.sum_at else []))
+             if name not in with_c]
     if never:
         return f"its forward never reached what the adapter reads there ({', '.join(never)})"
     try:
@@ -165,9 +195,12 @@ def _compare(layer: nn.Module, adapter: BlockAdapter, args: tuple, kwargs: dict,
     v, branch = residual(with_c), with_c["branch"]
     if branch.shape != v.shape:
         return f"the output of {owner} has {branch.shape[-1]} features, the residual {v.shape[-1]}: not the branch"
-    err = _rel(v + branch, with_c["out"])
+    if owner.startswith(adapter.mlp + "."):  # the owner inside the MLP: beside it may run a shared expert
+        owner, branch = adapter.mlp, with_c["mlp_out"]
+    scale = "" if adapter.branch_scale == 1.0 else f"{adapter.branch_scale:g} · "
+    err = _rel(v + adapter.branch_scale * branch, _sum(layer, adapter, with_c))
     if err > TOLERANCE:
-        return (f"its output is not v + the output of {owner} (relative difference "
+        return (f"its output is not v + {scale}the output of {owner} (relative difference "
                 f"{err:.1e}): the residual is elsewhere, or the branch is scaled or normalized after it")
     params: dict[str, Tensor] = {}
     for name, layout in adapter.input_matrices.items():
@@ -190,13 +223,23 @@ def _compare(layer: nn.Module, adapter: BlockAdapter, args: tuple, kwargs: dict,
     return None
 
 
+def _sum(layer: nn.Module, adapter: BlockAdapter, values: dict) -> Tensor:
+    """u = v + branch as the layer computes it: the input of `sum_at` (the scalar comes after it), or the
+    layer's output over `output_scale`."""
+    if adapter.sum_at:
+        return values["sum"]
+    u = values["out"]
+    return u / layer.get_buffer(adapter.output_scale).reshape(()) if adapter.output_scale else u
+
+
 def _expected(adapter: BlockAdapter) -> tuple[str, ...]:
     return ("z", "v" if adapter.residual_at else "attn", *adapter.captures)
 
 
 def _missing(layer: nn.Module, adapter: BlockAdapter) -> str | None:
     """The first module or parameter the adapter names that the layer does not have."""
-    modules = [adapter.mlp, adapter.residual_at or adapter.attention, *(p for p, _ in adapter.captures.values())]
+    modules = [adapter.mlp, adapter.residual_at or adapter.attention, *(p for p, _ in adapter.captures.values()),
+               *([adapter.sum_at] if adapter.sum_at else [])]
     for path in modules:
         try:
             layer.get_submodule(path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from experiments.patching.rules.base import LayerPatchStats, OutputRule
 from experiments.patching.rules.moe import MixtureOfExperts
+from experiments.patching.rules.moe_bias import MixtureOfExpertBiases
 from experiments.patching.rules.outer_bias import OuterBias
 from experiments.patching.rules.outer_weight import OuterWeight
 from experiments.patching.rules.scale import Scale
@@ -16,6 +17,7 @@ RULES: dict[str, OutputRule] = {rule.key: rule for rule in (
     OuterWeight(),  # Thm 9
     Scale(),  # Thm 10
     MixtureOfExperts(),  # Thm 11
+    MixtureOfExpertBiases(),  # Thm 11 with Thm 8 (gpt-oss: experts with biases, found from its module tree)
 )}
 
 

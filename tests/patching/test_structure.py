@@ -1,0 +1,180 @@
+"""Blocks described by their module tree (patching/arch/structure.py), chosen by the float64 check: the
+families with adapter files read the same from their trees; newer families with no file (OLMo 3, Qwen3-MoE,
+Qwen3-Next's gated linear attention and shared expert, LFM2's short convolutions, Gemma 4, gpt-oss's experts
+with biases) patch exactly in float64 through the CLI as checkpoint folders; what no form fits is one line;
+`icl-exp models` lists them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments.core.errors import UserError
+from experiments.patching.arch import FAMILIES, STRUCTURAL, tiny
+from experiments.patching.arch.check import choose_adapter
+from experiments.patching.arch.structure import candidates
+from experiments.zoo.tokenizer import byte_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# what an adapter says about its block; `decoder` is compared by the module it returns
+FIELDS = ("layers_attr", "mlp", "input_matrices", "output_rule", "output_param", "residual_at", "attention",
+          "captures", "pre_norm_matrix", "scale_offset", "absolute_positions", "load_kwargs")
+
+
+def tiny_model(config, load_kwargs: dict | None = None):
+    from transformers import AutoModelForCausalLM
+
+    from experiments.zoo.random_weights import randomize_
+
+    torch.manual_seed(0)
+    return randomize_(AutoModelForCausalLM.from_config(config, **(load_kwargs or {})), 0).eval()
+
+
+@pytest.mark.parametrize("adapter", FAMILIES, ids=lambda a: a.family)
+def test_a_family_with_an_adapter_file_reads_the_same_from_its_module_tree(adapter):
+    config = adapter.tiny_config(300)
+    forms = candidates(config)
+    model = tiny_model(config, adapter.load_kwargs)
+    chosen = choose_adapter(model, forms)
+    assert {f: getattr(chosen, f) for f in FIELDS} == {f: getattr(adapter, f) for f in FIELDS}
+    assert chosen.decoder(model) is adapter.decoder(model)
+    # the control: the forms tried before the chosen one are refused by the same check (it does choose)
+    for form in forms[: forms.index(chosen)]:
+        with pytest.raises(UserError):
+            choose_adapter(model, [form])
+
+
+NEW = {"olmo3": "Thm 10", "qwen3_moe": "Thm 11", "qwen3_next": "Thm 11", "lfm2": "Thm 9", "gemma4_text": "Thm 10",
+       "gemma4_text_per_layer": "Thm 10", "gpt_oss": "Thm 11 with Thm 8"}
+
+
+def as_trained(model):
+    """What random_weights leaves at its initial value drawn too: biases (gpt-oss's router and experts then
+    show that the input update leaves a bias alone and that each active expert's outer bias absorbs r / S on
+    top of its own) and Gemma 4's layer scalars (1 at initialization; the patch must not need T = v + g)."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and "norm" not in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.fill_(0.5 + float(torch.rand((), generator=gen)))
+    return model
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """Each family's tiny random model saved with the byte tokenizer, as a user's checkpoint folder."""
+    root = tmp_path_factory.mktemp("structural")
+    tok = byte_tokenizer()
+    out = {}
+    for name in NEW:
+        model = as_trained(tiny_model(tiny.tiny_config(name, len(tok))))
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        out[name] = root / name
+    return out
+
+
+@pytest.mark.numeric  # float64 at rounding level: CI runs it again under another CPU kernel set
+def test_newer_families_without_adapter_files_patch_exactly_in_float64_through_the_cli(folders, icl, tmp_path):
+    """Algorithm 1's open loop (naive) on blocks read from their trees: the patched model's own forward of the
+    query alone gives the with-context logits to float64 rounding, also where the token mixer is a gated
+    linear attention (Qwen3-Next) or a short convolution (LFM2): the patch never reads the mixer; and where the
+    layer goes on after v + g with the token's own data (Gemma 4's per-layer inputs and layer scalar): the
+    query alone brings the same data, and the patch makes v + g what it was after the context."""
+    names = list(NEW)
+    sweep = tmp_path / "sweep"
+    r = icl("run", "patch_match", "-m", "preset=smoke", "dtype=float64", "variant=naive", "max_new_tokens=3",
+            "model=" + ",".join(str(folders[n]) for n in names), f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for job, name in enumerate(names):
+        m = pd.read_csv(sweep / str(job) / "metrics.csv")
+        value = lambda metric, m=m: m.loc[m["metric"] == metric, "value"]  # noqa: E731
+        assert len(value("top1_match")) >= 3 and value("top1_match").all(), name
+        assert value("logit_linf_rel").max() < 1e-9, (name, value("logit_linf_rel").max())  # float64: exact
+        assert value("control_logit_linf").median() > 0.1, name  # the token alone, unpatched, is far off
+        assert m["family"].iloc[0] == f"structural ({name.removesuffix('_per_layer')})"
+
+
+def test_the_chosen_form_is_the_one_table_1_row_the_block_needs():
+    chosen = {}
+    for name, theorem in NEW.items():
+        config = tiny.tiny_config(name, 300)
+        forms = candidates(config)
+        chosen[name] = choose_adapter(tiny_model(config, forms[0].load_kwargs), forms)
+        assert theorem in chosen[name].theorem, (name, chosen[name].theorem)
+    # Qwen3-Next's shared expert and its gate read z too: they get the input update; the routed experts absorb r
+    shared = {"mlp.shared_expert.up_proj.weight", "mlp.shared_expert_gate.weight"}
+    assert shared <= set(chosen["qwen3_next"].input_matrices)
+    assert chosen["qwen3_next"].output_param == "mlp.experts.down_proj"
+
+
+def test_a_block_whose_tree_fits_no_form_is_refused_in_one_line_before_loading():
+    """Gemma 4's MoE sizes run experts beside the dense MLP, reading their own norm of v (and the router its
+    own): the engine's input update reads one z, the MLP's; the tree says so before anything is loaded."""
+    from experiments.zoo import architectures
+
+    config = tiny.tiny_config("gemma4_text_moe", 300)
+    with pytest.raises(UserError, match="model_type 'gemma4_text' has no context-patching adapter and its module "
+                                        "tree fits no form of Table 1: its decoder layer has weighted parts that "
+                                        r"are neither its mixer, a norm nor its MLP \(router, experts\)") as err:
+        architectures.require(config)
+    assert "\n" not in str(err.value) and "gemma4_text" not in STRUCTURAL
+
+
+def test_each_active_experts_bias_moves_the_mixture_by_r():
+    """Thm 8 inside Thm 11 on random tensors in float64: Σ_j g_j Δb_j = r for any gates; the control, the
+    same Δb with the gates of other experts (not renormalized), misses r by far more than rounding."""
+    from experiments.patching.rules.moe_bias import moe_bias_updates
+
+    gen = torch.Generator().manual_seed(0)
+    r = torch.randn(64, generator=gen, dtype=torch.float64)
+    gates = torch.rand(3, generator=gen, dtype=torch.float64)
+    delta = moe_bias_updates(r, gates)
+    assert torch.allclose(gates @ delta, r, rtol=1e-13, atol=1e-13)
+    other = torch.rand(3, generator=gen, dtype=torch.float64)
+    assert float((other @ delta - r).abs().max()) > 1e-3
+
+
+def test_icl_exp_models_lists_families_with_their_status_and_caches_them(icl, tmp_path, monkeypatch):
+    monkeypatch.setenv("ICL_EXP_CACHE", str(tmp_path / "cache"))
+    r = icl("models", "llama", "olmo3", "mamba")
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(None, 1) for line in r.stdout.splitlines()[:3])
+    assert lines["llama"].startswith("adapter file") and "Thm 9" in lines["llama"]
+    assert lines["olmo3"].startswith("module tree") and "Thm 10" in lines["olmo3"]
+    assert lines["mamba"].startswith("refused") and "the theorem needs an MLP after the mixer" in lines["mamba"]
+    assert "checking olmo3" in r.stderr
+    cached = list((tmp_path / "cache" / "families").glob("transformers-*.json"))
+    assert len(cached) == 1
+    again = icl("models", "olmo3")
+    assert again.returncode == 0 and "checking" not in again.stderr and again.stdout.startswith("olmo3")
+    bad = icl("models", "olmo4")
+    assert bad.returncode == 2 and bad.stderr.strip() == ("error: model_type 'olmo4' has no causal-LM class in the "
+                                                          "installed transformers; did you mean 'olmo'?")
+
+
+def test_the_experts_biases_fit_k_positions_exactly_up_to_the_number_of_experts():
+    """The fixed patch's version of the same rule: A Δb = R (A: each position's gates over the E experts) is
+    exact for k ≤ E positions with independent gate rows; past E it is least squares (the control)."""
+    from experiments.patching.rules.moe_bias import MixtureOfExpertBiases
+
+    gen = torch.Generator().manual_seed(0)
+    E, d = 4, 16
+    P = torch.zeros(E, d, dtype=torch.float64)
+
+    def fit(k: int) -> float:
+        index = torch.stack([torch.randperm(E, generator=gen)[:2] for _ in range(k)])
+        weights = torch.rand(k, 2, generator=gen, dtype=torch.float64)
+        R = torch.randn(k, d, generator=gen, dtype=torch.float64)
+        _delta, moved = MixtureOfExpertBiases().fit_positions(None, None, P, (None, index, weights), {}, R)
+        return float((moved - R).abs().max() / R.abs().max())
+
+    assert fit(3) < 1e-12
+    assert fit(8) > 1e-3
