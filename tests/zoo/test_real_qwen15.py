@@ -1,7 +1,8 @@
 """model=qwen2.5-1.5b: the registry's trained Qwen2.5-Coder-1.5B-Instruct (the opt-in extra qwen15), joined,
 checked, converted once and run through the real runner: Algorithm 1 (naive) in float32 on a few tokens.
-Slow (a 7 GB float32 model, a minute a token on 2 busy cores), and skipped in one line where the extra is
-not installed, CI included (it is not among the set-up's default extras)."""
+Slow (a 7 GB float32 model: about a minute of CPU for 3 tokens, many more of wall time on busy cores), and
+skipped in one line where the extra is not installed, CI included (it is not among the set-up's default
+extras)."""
 
 from __future__ import annotations
 
