@@ -217,7 +217,8 @@ def test_sweep_end_absolute_paths_and_claim_tally(icl, tmp_path, monkeypatch):
     assert "[HYDRA]" not in after_jobs and "STIXNonUnicode" not in out + proc.stderr, out[-3000:]
     assert " results/" not in after_jobs and " sweep/" not in after_jobs, after_jobs
     end = proc.stdout.splitlines()[-3:]
-    assert end[0] == f"combined figures (markov_collapse.png) and claims of the complete jobs: {sweep}"
+    assert end[0] == (f"combined figures (markov_collapse.png, claims_over_seeds.png) and claims of the complete "
+                      f"jobs: {sweep}")  # a sweep over seeds alone: each claim over the seeds too
     assert end[1] == f"all 2 jobs complete: {sweep}"
     claims = [pd.read_csv(sweep / job / "claims.csv") for job in ("0", "1")]
     passed = sum(int(c["passed"].sum()) for c in claims)
