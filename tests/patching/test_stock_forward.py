@@ -158,3 +158,16 @@ def test_host_reads_of_one_token_do_not_grow_with_the_layers(variant):
         reads[layers] = count.n
     assert reads[2] == reads[6], reads
     assert reads[6] <= 2, reads  # the one read of the per-layer statistics
+
+
+def test_what_the_open_loop_holds_beyond_the_model_is_the_patched_matrices_themselves():
+    b = _bundle("tiny-gemma3")
+    patcher = Patcher(b.model, "conditioned")
+    query, step = _step(patcher, encode_prompt(b, PROMPT))
+    for _ in range(2):  # token after token: the same buffers, nothing new
+        tensors, _ = patcher.open_loop_tensors(query, step)
+    params = dict(b.model.named_parameters())
+    held = [t for bufs in patcher.layer_bufs for t in bufs._store.values()]
+    assert sum(t.nbytes for t in held) == sum(params[name].nbytes for name in tensors)
+    assert {t.data_ptr() for t in held} == {t.data_ptr() for t in tensors.values()}
+    assert set(tensors) < set(params) and not any("embed" in name for name in tensors)  # not a copy of the model
