@@ -42,6 +42,7 @@ class _Watch:
         self.replaced, self.inputs, self.outputs = [], [], []
         self.on = False  # from the model's own forward on (the patch computations call layers before it)
         self.handles = [model.register_forward_pre_hook(lambda *_: setattr(self, "on", True))]
+        self.own = [type(layer).forward for layer in layers]  # the class's forward before the pass
         for index, layer in enumerate(layers):
             self.handles.append(layer.register_forward_pre_hook(self._before(index, layer), with_kwargs=True))
             self.handles.append(layer.register_forward_hook(self._after(index)))
@@ -50,7 +51,7 @@ class _Watch:
         def hook(_m, args, kwargs):
             if not self.on:
                 return
-            self.replaced.append("forward" in vars(layer))
+            self.replaced.append("forward" in vars(layer) or type(layer).forward is not self.own[index])
             self.inputs.append((index, (args[0] if args else kwargs["hidden_states"]).detach().clone()))
 
         return hook
