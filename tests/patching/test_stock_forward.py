@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from experiments.patching.compare import logit_comparison
 from experiments.patching.patcher import Patcher
@@ -139,18 +139,21 @@ class _HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _llama(layers: int):
+def _model(family: str, layers: int):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return LlamaForCausalLM(config).eval()
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if family == "gemma3":  # a post-norm block: App. B's inversion and Thm 10's division
+        return Gemma3ForCausalLM(Gemma3TextConfig(**shape, head_dim=8, sliding_window=4)).eval()
+    return LlamaForCausalLM(LlamaConfig(**shape)).eval()
 
 
-@pytest.mark.parametrize("variant", ["naive", "closed_loop"])
-def test_host_reads_of_one_token_do_not_grow_with_the_layers(variant):
+@pytest.mark.parametrize(("family", "variant"), [("llama", "naive"), ("llama", "closed_loop"),
+                                                 ("gemma3", "stable"), ("gemma3", "conditioned")])
+def test_host_reads_of_one_token_do_not_grow_with_the_layers(family, variant):
     reads = {}
     for layers in (2, 6):
-        patcher = Patcher(_llama(layers), variant)
+        patcher = Patcher(_model(family, layers), variant)
         query, step = _step(patcher, {"input_ids": torch.tensor([[3, 14, 15, 9, 26, 5]])})
         patcher.query_calls(query)
         count = _HostReads()
