@@ -46,7 +46,7 @@ from experiments.goldwaser.common import (
     weights_origin,
 )
 from experiments.goldwaser.patch_match_plots import CONTEXT_IMAGE, PAPER_BF16_MATCH, plot
-from experiments.patching.compare import LAYER_EXACT, RECORD_DECADES, rounding_bar
+from experiments.patching.compare import CACHED_ROUNDING, LAYER_EXACT, RECORD_DECADES, rounding_bar
 from experiments.patching.variants import VARIANTS
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,9 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"variant={cfg.variant!r} is not one of {', '.join(VARIANTS)}")
     if str(cfg.get("stock_check", "auto")) not in ("auto", *STOCK_CHECK):
         raise UserError(f"stock_check={cfg.stock_check!r} is not one of auto, {', '.join(STOCK_CHECK)}")
+    if str(cfg.get("stock_check", "auto")) != "auto" and VARIANTS[cfg.variant].evidence:
+        raise UserError(f"stock_check={cfg.stock_check} is for the closed loop only: variant={cfg.variant}'s "
+                        "patched pass already is the model's stock forward of weights computed before it runs")
     if cfg.sampling not in SAMPLING:
         raise UserError(f"sampling={cfg.sampling!r} is not one of {', '.join(SAMPLING)}")
     require_positive(cfg, "max_new_tokens")
@@ -122,14 +125,14 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
     stop_ids = stop_token_ids(bundle) if cfg.stop_at_eos else set()
     index = dict(model=str(cfg.model), family=patcher.adapter.family, dtype=dtype_name(ctx.dtype),
                  variant=cfg.variant, device=ctx.device.type, context="image" if image is not None else "text")
-    stock_at = STOCK_CHECK[stock_check(str(cfg.get("stock_check", "auto")), bundle.model)]
+    stock_at = STOCK_CHECK[stock_check(str(cfg.get("stock_check", "auto")), bundle.model, cfg.variant)]
     encoded = [encode_prompt(bundle, text, image, bool(cfg.chat_template), ctx.device) for text in prompts]
     check_context_length(bundle.model.config, [e["input_ids"].shape[1] for e in encoded], int(cfg.max_new_tokens))
     with progress(len(prompts) * int(cfg.max_new_tokens), ctx.experiment) as bar:
         for p, inputs in enumerate(encoded):
             steps = matches = 0
             for st in compare_generation(patcher, inputs, int(cfg.max_new_tokens), choose, stop_ids,
-                                         bool(cfg.control), stock_at):
+                                         bool(cfg.control), stock_at, check_cache=True):
                 log_step(ctx, st, token_text(bundle.tokenizer, st.token_id), prompt=p, **index)
                 ctx.sample(token_sample(bundle.tokenizer, st.step, st.context, st.patched.logits,
                                         st.control.logits if st.control is not None else None, st.token_id,
@@ -141,10 +144,13 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
             bar.advance(int(cfg.max_new_tokens) - steps)  # a reply that stopped early
 
 
-def stock_check(choice: str, model) -> str:
-    """`auto`: every token where the stock forward costs little (a small model), the first token otherwise."""
+def stock_check(choice: str, model, variant: str = "closed_loop") -> str:
+    """`auto`: none for an open loop (its patched pass is the stock forward); for a closed loop every token
+    where the stock forward costs little (a small model), the first token otherwise."""
     if choice != "auto":
         return choice
+    if VARIANTS[variant].evidence:
+        return "none"
     return "all" if sum(p.numel() for p in model.parameters()) <= STOCK_EVERY_TOKEN_PARAMS else "first"
 
 
@@ -165,6 +171,9 @@ def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
         stock = logit_comparison(st.context, st.stock)
         ctx.log_many({f"stock_{k}": stock[k] for k in ("logit_linf_rel", "tvd", "top1_match")}, **idx)
         ctx.log("stock_vs_patched_logit_linf_rel", logit_comparison(st.patched.logits, st.stock)["logit_linf_rel"],
+                **idx)
+    if st.uncached is not None:  # the record checked against itself: KV-cached against uncached
+        ctx.log("cached_vs_uncached_logit_linf_rel", logit_comparison(st.uncached, st.context)["logit_linf_rel"],
                 **idx)
     ctx.log_many(dict(div_zero=st.patched.div_zero, no_root=st.patched.no_root, dm_linf=st.patched.dm_linf,
                       routing_changed=st.patched.routing_changed,
@@ -194,6 +203,8 @@ def check_claims(ctx: RunContext, m: pd.DataFrame, dtype, variant: str, control:
                   f"the patched router picks the same experts as with the context: layers x tokens where it "
                   f"did not ({model}, {dtype_name(dtype)}, {variant})", metric(m, "routing_changed")["value"].sum(),
                   "<=", 0.0)
+    if "cached_vs_uncached_logit_linf_rel" in set(m["metric"]):
+        cached_claim(ctx, m, dtype, model)
     if "stock_vs_patched_logit_linf_rel" in set(m["metric"]) and dtype_name(dtype) != "bfloat16":
         kind = "goldwaser.fig3" if VARIANTS[variant].evidence else "goldwaser.construction"
         ctx.check(f"{kind}.{variant}_{dtype_name(dtype)}_stock_forward", SOURCE + " (a stock forward of the patch)",
@@ -201,6 +212,18 @@ def check_claims(ctx: RunContext, m: pd.DataFrame, dtype, variant: str, control:
                   f"hooks) give the patched pass's logits: max |Δlogit| / max |logit| at the checked tokens "
                   f"({model}, {dtype_name(dtype)}, {variant})",
                   metric(m, "stock_vs_patched_logit_linf_rel")["value"].max(), "<=", rounding_bar(dtype))
+
+
+def cached_claim(ctx: RunContext, m: pd.DataFrame, dtype, model: str) -> None:
+    """The with-context side against itself: at each prompt's last step, the KV-cached logits (the ones every
+    patch is judged by) against one uncached forward of the whole sequence. The record and the targets are
+    taken in the cached pass, so a bug upstream of them (the cache, the positions, the prompt) is invisible
+    to every other claim; this one sees it."""
+    name = dtype_name(dtype)
+    ctx.check(f"goldwaser.record.{name}_cached_equals_uncached", SOURCE + " (the with-context side)",
+              f"the KV-cached with-context logits equal an uncached forward of the prompt and reply so far, at each "
+              f"prompt's last step: max |Δlogit| / max |logit| over prompts ({model}, {name})",
+              metric(m, "cached_vs_uncached_logit_linf_rel")["value"].max(), "<=", CACHED_ROUNDING[name])
 
 
 def _evidence_claims(ctx, m, dtype, variant, control, model) -> None:

@@ -54,9 +54,9 @@ class PatchMatch:
     sampling: str = "greedy"
     temperature: float = 1.0
     stop_at_eos: bool = True  # stop a reply at end of sequence / end of turn
-    # also run the patched weights as stock weights (the model's own parameters, no hooks): all tokens | first
-    # token of each prompt | none | auto: all on models up to 50M parameters, first above (+70 % a token on
-    # Gemma 3 270M) (patch_match.validate names them)
+    # closed loop only (an open loop's patched pass is the stock forward itself; refused there): also run the
+    # patched weights as stock weights (the model's own parameters, no hooks): all tokens | first token of each
+    # prompt | none | auto: all on models up to 50M parameters, first above (patch_match.validate names them)
     stock_check: str = "auto"
     control: bool = True  # also run the unpatched model without context (the control)
 

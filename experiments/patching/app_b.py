@@ -35,9 +35,9 @@ def stable_down_and_scale(adapter, layer: nn.Module, target, dv: Tensor, bufs, c
     g = dv.double() + m * f_c  # the target of m ⊙ Norm(·): (v_C − v) + m ⊙ Norm(d_C)
     d_c = target.d_c.double()
     if sign_target:
-        h_target, no_root = sign_pre_norm_target(d_c), False
+        h_target, no_root = sign_pre_norm_target(d_c), torch.zeros((), dtype=torch.bool, device=d_c.device)
     else:
-        h_target, no_root = invert_rms_norm(g, m, float(d_c.square().mean().sqrt()))  # step 1
+        h_target, no_root = invert_rms_norm(g, m, d_c.square().mean().sqrt())  # step 1
     h_c = target.values["h"].to(cdt)
     out = bufs.out(adapter.pre_norm_matrix, W)  # step 2: ΔW_down = δ h_Cᵀ / ‖h_C‖²
     add_outer_rounded(W, (h_target - d_c).to(cdt), h_c / h_c.square().sum(), out, cdt=cdt)
@@ -47,4 +47,4 @@ def stable_down_and_scale(adapter, layer: nn.Module, target, dv: Tensor, bufs, c
     dm, div_zero = divide_or_zero(g - m * f_new, f_new)
     dm = dm.to(cdt)
     bufs.out(adapter.output_param, scale).copy_(scale.to(cdt) + dm)
-    return LayerPatchStats(div_zero=div_zero, no_root=int(no_root), dm_linf=float(dm.abs().max()))
+    return LayerPatchStats(div_zero=div_zero, no_root=no_root.to(torch.int64), dm_linf=dm.abs().max())

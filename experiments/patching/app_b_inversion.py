@@ -30,93 +30,93 @@ from torch import Tensor
 
 def multiplier_equation(gm_sq: Tensor, m_sq: Tensor, mu: float) -> float:
     """F(μ) of Eq. 8, from (g_k m_k)² and m_k² (float64)."""
-    return float((gm_sq / (m_sq - mu).square()).mean()) - 1.0
+    return float(_equation(gm_sq, m_sq, torch.as_tensor(mu, dtype=torch.float64, device=m_sq.device)))
 
 
-# On CUDA the bisection steps run on the device between two looks from the host (one synchronization per
-# chunk, not per step): a root of ordinary size needs about 60 steps; steps after convergence change nothing.
-# On the CPU reading a scalar costs nothing, and the plain loop is ten times faster than the chunked one.
-BISECTION_CHUNK = 96
-DOUBLINGS = 64  # candidate lower ends top − step·2^j, j < DOUBLINGS, tried at once
+def _equation(gm_sq: Tensor, m_sq: Tensor, mu: Tensor) -> Tensor:
+    """F at every μ of `mu` (any shape), on the device."""
+    return (gm_sq / (m_sq - mu[..., None]).square()).mean(-1) - 1.0
 
 
-def rms_multiplier(g: Tensor, m: Tensor, chunked: bool | None = None) -> tuple[float, bool]:
-    """(μ, no_root): the root of F on (−∞, min m²) by bisection in float64, or (min m², True).
-    `chunked` (default: on CUDA) runs the steps in chunks without reading back in between; the steps are
-    those of the plain loop, so μ is the same to the last bit."""
+# The root is found by a K-ary search over float64's bit patterns (ordered as the floats they encode): each
+# round evaluates F at POINTS candidates at once and keeps the two neighbours where it changes sign, so the
+# search ends, as plain bisection does, at two adjacent floats with F(lo) < 0 ≤ F(hi). 2^64 patterns at
+# 256 a round take 8 rounds; ROUNDS has one spare. The number of kernel launches is fixed (no loop reads
+# anything back), whatever the number of bisection steps it replaces (about 60, up to 1100 for a far root).
+POINTS = 256
+ROUNDS = 9
+DOUBLINGS = 1024  # candidate lower ends top − step·2^j, j < DOUBLINGS (up to float64's range), tried at once
+_LOW_BITS = (1 << 63) - 1
+_SIGN = -(1 << 63)
+
+
+def _key(x: Tensor) -> Tensor:
+    """A float64's bit pattern as an int64 ordered like the floats (−0 and +0 both 0)."""
+    bits = x.view(torch.int64)
+    return torch.where(bits < 0, -(bits & _LOW_BITS), bits)
+
+
+def _value(key: Tensor) -> Tensor:
+    return torch.where(key < 0, (-key) | _SIGN, key).view(torch.float64)
+
+
+def rms_multiplier_tensor(g: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
+    """(μ, no_root) as 0-d device tensors, with nothing read back to the host: the root of F on
+    (−∞, min m²) in float64, or (min m², True) where F has none."""
     g, m = g.double(), m.double()
     gm_sq, m_sq = (g * m).square(), m.square()
-    top = float(m_sq.min())
-    below_top = math.nextafter(top, -math.inf)
-    f_top = multiplier_equation(gm_sq, m_sq, below_top)
-    if not f_top >= 0.0:  # F < 0 (or nan) up to the boundary: no root in I
-        return top, True
-    lo = _lower_end(gm_sq, m_sq, top)
-    bisect = _bisect_in_chunks if (g.is_cuda if chunked is None else chunked) else _bisect
-    lo, hi = bisect(gm_sq, m_sq, lo, below_top)  # invariant: F(lo) < 0 <= F(hi)
-    f_lo, f_hi = multiplier_equation(gm_sq, m_sq, lo), multiplier_equation(gm_sq, m_sq, hi)
-    return (lo if abs(f_lo) < abs(f_hi) else hi), False
+    top = m_sq.min()
+    below_top = torch.nextafter(top, torch.tensor(-math.inf, dtype=torch.float64, device=top.device))
+    no_root = ~(_equation(gm_sq, m_sq, below_top) >= 0.0)  # F < 0 (or nan) up to the boundary
+    lo, hi = _key(_lower_end(gm_sq, m_sq, top)), _key(below_top)  # invariant: F(lo) < 0 <= F(hi)
+    steps = torch.arange(1, POINTS, dtype=torch.int64, device=m_sq.device)
+    for _ in range(ROUNDS):
+        width = torch.clamp(hi // POINTS - lo // POINTS, min=1)  # no int64 overflow across the sign
+        keys = torch.minimum(lo + steps * width, hi)
+        below = _equation(gm_sq, m_sq, _value(keys)) < 0.0
+        lo = torch.where(below, keys, lo).max()  # F increases: the last candidate below 0 ...
+        hi = torch.where(below, hi, keys).min()  # ... and the first at or above it
+    lo_v, hi_v = _value(lo), _value(hi)
+    pick = _equation(gm_sq, m_sq, lo_v).abs() < _equation(gm_sq, m_sq, hi_v).abs()
+    mu = torch.where(no_root, top, torch.where(pick, lo_v, hi_v))
+    return mu, no_root
 
 
-def _bisect(gm_sq: Tensor, m_sq: Tensor, lo: float, hi: float) -> tuple[float, float]:
-    while True:
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:  # adjacent floats: as close as float64 gets
-            return lo, hi
-        if multiplier_equation(gm_sq, m_sq, mid) < 0.0:
-            lo = mid
-        else:
-            hi = mid
+def rms_multiplier(g: Tensor, m: Tensor) -> tuple[float, bool]:
+    """(μ, no_root) read back: `rms_multiplier_tensor`'s, for callers outside a patched pass."""
+    mu, no_root = rms_multiplier_tensor(g, m)
+    values = torch.stack([mu, no_root.double()]).tolist()
+    return values[0], bool(values[1])
 
 
-def _bisect_in_chunks(gm_sq: Tensor, m_sq: Tensor, lo: float, hi: float) -> tuple[float, float]:
-    """The steps of `_bisect` on the device, BISECTION_CHUNK at a time, the host looking only in between."""
-    lo_t, hi_t = (torch.tensor(x, dtype=torch.float64, device=m_sq.device) for x in (lo, hi))
-    while True:
-        for _ in range(BISECTION_CHUNK):
-            mid = 0.5 * (lo_t + hi_t)
-            moving = (mid > lo_t) & (mid < hi_t)  # else adjacent floats: this step changes nothing
-            below = (gm_sq / (m_sq - mid).square()).mean() - 1.0 < 0.0
-            lo_t = torch.where(moving & below, mid, lo_t)
-            hi_t = torch.where(moving & ~below, mid, hi_t)
-        lo, hi = float(lo_t), float(hi_t)
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            return lo, hi
-
-
-def _lower_end(gm_sq: Tensor, m_sq: Tensor, top: float) -> float:
+def _lower_end(gm_sq: Tensor, m_sq: Tensor, top: Tensor) -> Tensor:
     """The first of top − step, top − 2·step, top − 4·step, ... where F < 0 (F → −1 at −∞), all tried in one
     evaluation."""
-    step = max(1.0, abs(top))
+    step = torch.clamp(top.abs(), min=1.0)
     candidates = top - step * 2.0 ** torch.arange(DOUBLINGS, dtype=torch.float64, device=m_sq.device)
-    negative = ((gm_sq / (m_sq - candidates[:, None]).square()).mean(-1) - 1.0 < 0.0).nonzero()
-    if len(negative):
-        return float(candidates[negative[0, 0]])
-    step *= 2.0 ** DOUBLINGS  # |g·m| beyond 2^64·step: go on one at a time
-    while multiplier_equation(gm_sq, m_sq, top - step) >= 0.0:
-        step *= 2.0
-    return top - step
+    candidates = torch.where(torch.isfinite(candidates), candidates, torch.finfo(torch.float64).min)
+    negative = _equation(gm_sq, m_sq, candidates) < 0.0
+    first = negative.to(torch.int8).argmax().reshape(1)  # the first negative (the last, most negative, if none)
+    return candidates.index_select(0, first)[0]
 
 
-def unit_rms_minimizer(g: Tensor, m: Tensor) -> tuple[Tensor, bool]:
-    """argmin_y ‖y ⊙ m − g‖² subject to RMS(y) = 1 (float64), and whether F had no root."""
+def unit_rms_minimizer(g: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
+    """argmin_y ‖y ⊙ m − g‖² subject to RMS(y) = 1 (float64), and whether F had no root (a 0-d bool
+    tensor); both branches computed on the device and one selected, so nothing is read back."""
     g, m = g.double(), m.double()
     n = g.numel()
-    mu, no_root = rms_multiplier(g, m)
-    m_sq = m.square()
-    if not no_root:
-        return g * m / (m_sq - mu), False
-    hard = m_sq == mu  # K: where m_k² = min m²
-    y = torch.zeros_like(g)
-    y[~hard] = (g * m)[~hard] / (m_sq[~hard] - mu)
-    budget = max(n - float(y.square().sum()), 0.0)
-    sign = torch.where((g * m)[hard] < 0, -1.0, 1.0).to(g)
-    y[hard] = sign * math.sqrt(budget / int(hard.sum()))
-    return y, True
+    mu, no_root = rms_multiplier_tensor(g, m)
+    m_sq, gm = m.square(), g * m
+    root = gm / (m_sq - mu)
+    hard = m_sq == m_sq.min()  # K: where m_k² = min m² (the hard case's μ)
+    rest = torch.where(hard, torch.zeros_like(g), gm / torch.where(hard, torch.ones_like(m_sq), m_sq - mu))
+    budget = torch.clamp(n - rest.square().sum(), min=0.0)
+    sign = torch.where(gm < 0, -1.0, 1.0).to(g)
+    y_hard = torch.where(hard, sign * (budget / hard.sum()).sqrt(), rest)
+    return torch.where(no_root, y_hard, root), no_root
 
 
-def invert_rms_norm(g: Tensor, m: Tensor, target_rms: float) -> tuple[Tensor, bool]:
+def invert_rms_norm(g: Tensor, m: Tensor, target_rms: float | Tensor) -> tuple[Tensor, Tensor]:
     """InvertRMSNorm(g, m, C) of App. B.1: x with RMS(x) = C minimizing ‖m ⊙ x/RMS(x) − g‖²."""
     y, no_root = unit_rms_minimizer(g, m)
     return target_rms * y, no_root

@@ -22,6 +22,9 @@ LAYER_EXACT = {"float64": 1e-10, "float32": 1e-4, "bfloat16": 5e-2}
 # a closed loop's last-layer control at least this many decades further from the record (bfloat16's own rounding,
 # 4e-3 a step, leaves two decades below an O(1) control)
 RECORD_DECADES = {"float64": 3.0, "float32": 3.0, "bfloat16": 1.0}
+# cached against uncached with-context logits: attention over a cache or over the whole sequence rounds
+# differently (bfloat16 logits several of its steps apart over a long reply); a wrong cache or prompt is O(1)
+CACHED_ROUNDING = {**ROUNDING, "bfloat16": 5e-2}
 
 
 def rounding_bar(dtype: torch.dtype | str) -> float:

@@ -45,6 +45,7 @@ class Step:
     control_ms: float = 0.0
     stock: Tensor | None = None  # the patched weights' stock forward (Patcher.stock_logits), where checked
     last_layer: PatchedPass | None = None  # a closed loop's control: the closed loop at the last layer alone
+    uncached: Tensor | None = None  # the with-context logits again, by a forward of the whole sequence, no cache
 
     @property
     def patched_ms(self) -> float:
@@ -94,13 +95,18 @@ def _prefill_context(patcher: Patcher, inputs: dict) -> tuple[object, Tensor]:
 def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
                        choose: Callable[[Tensor, Tensor], tuple[int, int]] = greedy,
                        stop_ids: set[int] | None = None, control: bool = True,
-                       stock_at: Callable[[int], bool] = lambda step: False) -> Iterator[Step]:
+                       stock_at: Callable[[int], bool] = lambda step: False,
+                       check_cache: bool = False) -> Iterator[Step]:
     """§4.1: generate with the context; at every step patch for the whole prefix, compare, and go on
     with the baseline's token (also after a top-1 mismatch). At the steps `stock_at` picks, the patched
-    tensors are also run as stock weights (`Patcher.stock_logits`). With `control`, the unpatched model
-    without the context; and for a closed loop, the closed loop at the last layer alone."""
+    tensors are also run as stock weights (`Patcher.stock_logits`; a closed loop's check: an open loop's
+    patched pass already is that forward). With `control`, the unpatched model without the context; and for
+    a closed loop, the closed loop at the last layer alone. With `check_cache`, the last step of the reply
+    also runs the whole sequence (prompt and reply so far) uncached (`Step.uncached`), so that a bug upstream
+    of the targets (cache, positions, prompt) shows against the KV-cached logits."""
     ids = inputs["input_ids"]
     cache, query = _prefill_context(patcher, inputs)
+    tokens: list[int] = []
     last_layer = VARIANTS[ClosedLoopLastLayer.name] if control and patcher.variant.loop == CLOSED else None
     for step in range(max_new_tokens):
         t0 = _now()
@@ -117,11 +123,33 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
         stock = patcher.stock_logits(query, keep) if keep is not None else None
         last = patcher.patched_pass(query, ctx, variant=last_layer) if last_layer is not None else None
         token, patched_token = choose(ctx.logits, patched.logits)
+        final = step == max_new_tokens - 1 or bool(stop_ids and token in stop_ids)
+        uncached = uncached_logits(patcher, inputs, tokens) if check_cache and final else None
         yield Step(step, token, patched_token, ctx.logits, patched, ctrl, baseline_ms, patch_ms, control_ms, stock,
-                   last)
+                   last, uncached)
         if stop_ids and token in stop_ids:
             break
+        tokens.append(token)
         query = torch.tensor([[token]], device=ids.device)
+
+
+# inputs that run along the sequence, and what a generated (text) token adds to each
+_PER_TOKEN = {"attention_mask": 1, "token_type_ids": 0, "mm_token_type_ids": 0}
+
+
+@torch.no_grad()
+def uncached_logits(patcher: Patcher, inputs: dict, tokens: list[int]) -> Tensor:
+    """The with-context logits at the newest query by one forward of the whole sequence, the prompt and the
+    `tokens` generated so far, without a KV cache: what the cached step must give."""
+    ids = inputs["input_ids"]
+    extra = torch.tensor([tokens], dtype=ids.dtype, device=ids.device).view(1, -1)
+    full = dict(inputs, input_ids=torch.cat([ids, extra], dim=1))
+    for key, fill in _PER_TOKEN.items():
+        if key in inputs and inputs[key] is not None:
+            pad = torch.full((1, len(tokens)), fill, dtype=inputs[key].dtype, device=ids.device)
+            full[key] = torch.cat([inputs[key], pad], dim=1)
+    out = patcher.model(**full, use_cache=False, logits_to_keep=1)
+    return out.logits[0, -1].to(patcher.logit_dtype)
 
 
 @dataclass

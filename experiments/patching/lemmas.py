@@ -24,13 +24,35 @@ Nothing here knows a model: the adapters in `arch/` say where z, y, h and the pa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import Tensor
+
+# Inside a patched pass, the checks that need a tensor's value (is z = 0?) are queued as device flags and read
+# once at the end of the pass with its statistics (`PatchedPass.finish`), not one host read per matrix.
+_DEFERRED: ContextVar[list | None] = ContextVar("deferred_checks", default=None)
+
+
+@contextmanager
+def deferred_checks() -> Iterator[list[tuple[Tensor, str]]]:
+    """Queue the value checks made inside the block as (flag, message) pairs instead of reading each."""
+    checks: list[tuple[Tensor, str]] = []
+    token = _DEFERRED.set(checks)
+    try:
+        yield checks
+    finally:
+        _DEFERRED.reset(token)
 
 
 def _direction(x: Tensor, undefined: str) -> Tensor:
     sq = x.square().sum()
-    if float(sq) == 0.0:
+    checks = _DEFERRED.get()
+    if checks is not None:
+        checks.append((sq == 0.0, undefined))
+    elif float(sq) == 0.0:
         raise ValueError(undefined)
     return x / sq
 
@@ -61,15 +83,16 @@ def outer_weight_update(r: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return r, outer_weight_direction(y)
 
 
-def divide_or_zero(numerator: Tensor, denominator: Tensor) -> tuple[Tensor, int]:
-    """numerator ⊘ denominator, 0 where the denominator is 0 or the quotient is not finite; and how many.
+def divide_or_zero(numerator: Tensor, denominator: Tensor) -> tuple[Tensor, Tensor]:
+    """numerator ⊘ denominator, 0 where the denominator is 0 or the quotient is not finite; and how many
+    (a 0-d tensor on the device: the patched pass reads its statistics back once, not per layer).
     (Lemma 10: where h_i = 0 coordinate i cannot be moved by a scale; it stays uncorrected, counted.)"""
     q = numerator / denominator
     bad = ~torch.isfinite(q)
-    return torch.where(bad, torch.zeros_like(q), q), int(bad.sum())
+    return torch.where(bad, torch.zeros_like(q), q), bad.sum()
 
 
-def scale_update(r: Tensor, h: Tensor) -> tuple[Tensor, int]:
+def scale_update(r: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
     """Thm 10: Δm = r ⊘ h (with the division rule above); returns (Δm, coordinates not movable)."""
     return divide_or_zero(r, h)
 

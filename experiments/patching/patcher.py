@@ -7,10 +7,16 @@ For one query token after a context:
    and the record, each layer's output recorded by hooks of its own (`record_outputs`), which no solver
    is handed. Every per-layer error (hidden_linf, hidden_rel) is measured against the record, so a solver
    fed wrong targets shows large errors where they were wrong, even one that forces its output to them.
-2. The patched pass is the stock model's forward of the query token alone. Each decoder layer's forward is
-   intercepted and handed to the variant (`variants.py`), which patches it from its targets and runs the
-   layer's own forward with W + ΔW rounded to the model's dtype (`functional_call`). Embedding, positions,
-   masks, final norm, logit soft-capping: all the model's own.
+2. The patched pass is the stock model's forward of the query token alone. For an open loop (naive =
+   Algorithm 1, stable = App. B, conditioned) every layer's patched tensors are computed first, from the
+   targets alone and each layer's call arguments for the query alone (`query_calls`), and then the model's
+   own, unmodified forward runs with them in place of its parameters (`functional_call` over the whole
+   model): no layer's forward is replaced or intercepted, so nothing the pass did not compute can reach the
+   next layer. Each layer's output is read by a forward hook that only copies it (`record_outputs`). The
+   closed loop (a construction) keeps its interception: each layer's forward is handed to the variant, which
+   solves the layer inside the pass. Embedding, positions, masks, final norm, logit soft-capping: all the
+   model's own. Per-layer errors and statistics stay on the device and are read back once per pass
+   (`PatchedPass.finish`).
 
 The variants (`variants.py`): the open loop (naive = Algorithm 1, stable = App. B, conditioned) computes
 each layer's patch from the with-context pass alone (`open_loop.py`): the paper's method, so its agreement
@@ -31,12 +37,15 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from experiments.patching.arch import adapter_for
 from experiments.patching.capture import LayerCapture, capture_context, first_output, last_position, record_outputs
 from experiments.patching.compare import logit_dtype
+from experiments.patching.lemmas import deferred_checks
 from experiments.patching.rounded import PatchBuffers, compute_dtype
 from experiments.patching.rules import LayerPatchStats
+from experiments.patching.rules.base import module_input
 from experiments.patching.variants import Variant, check_variant
 
 
@@ -73,12 +82,38 @@ class PatchedPass:
     def routing_changed(self) -> int:
         return sum(s.routing_changed for s in self.layer_stats)
 
+    _pending: list = field(default_factory=list, repr=False)  # per layer: (err, rel) on the device
+
     def compare_layer(self, output: Tensor, reference: Tensor) -> None:
-        """Append one layer's error: its output at the query position against the record's."""
+        """Queue one layer's error, its output at the query position against the record's, as device
+        tensors: nothing is read back until `finish`."""
         ref = reference.double()
-        err = float((output.double() - ref).abs().max())
-        self.hidden_linf.append(err)
-        self.hidden_rel.append(err / max(float(ref.abs().max()), 1e-300))
+        err = (output.double() - ref).abs().max()
+        self._pending.append(torch.stack([err, err / ref.abs().max().clamp_min(1e-300)]))
+
+    def finish(self, checks: list[tuple[Tensor, str]] = ()) -> PatchedPass:
+        """Read the queued per-layer errors, the layers' statistics and the pass's deferred value checks
+        (`lemmas.deferred_checks`) back to the host, in one read; a failed check raises its ValueError."""
+        stat_fields = [(s, f) for s in self.layer_stats for f in STAT_FIELDS if isinstance(getattr(s, f), Tensor)]
+        parts = ([t for t in self._pending] + [getattr(s, f).detach().double().reshape(1) for s, f in stat_fields]
+                 + [flag.double().reshape(1) for flag, _ in checks])
+        if not parts:
+            return self
+        device = parts[0].device
+        values = torch.cat([t.to(device).reshape(-1) for t in parts]).tolist()
+        failed = [message for (_, message), v in zip(checks, values[len(values) - len(checks):], strict=True) if v]
+        if failed:
+            raise ValueError(failed[0])
+        n = 2 * len(self._pending)
+        self.hidden_linf.extend(values[0:n:2])
+        self.hidden_rel.extend(values[1:n:2])
+        for (stats, name), value in zip(stat_fields, values[n:n + len(stat_fields)], strict=True):
+            setattr(stats, name, value if name == "dm_linf" else int(value))
+        self._pending = []
+        return self
+
+
+STAT_FIELDS = ("div_zero", "no_root", "dm_linf", "routing_changed")
 
 
 def _cache_name(module: nn.Module) -> str:
@@ -110,6 +145,27 @@ def patched_weights(model: nn.Module, tensors: dict[str, Tensor]):
                 params[name].copy_(tensor)
 
 
+def routing_changed(router, target: LayerCapture) -> Tensor:
+    """MoE: 1 where the patched pass's router picked other experts than the with-context pass (a device
+    tensor: read with the pass's other statistics)."""
+    picked, wanted = router[2].reshape(-1), target.values["router"][2].reshape(-1)
+    if picked.numel() != wanted.numel():
+        return torch.ones((), dtype=torch.int64, device=picked.device)
+    return (picked.sort().values != wanted.sort().values).any().to(torch.int64)
+
+
+def register_router_capture(adapter, layer: nn.Module, values: dict):
+    """A read-only forward hook keeping an MoE router's output at the query position into `values`."""
+    path, where = adapter.captures["router"]
+
+    def hook(_m, _args, output):
+        values["router"] = last_position(output)
+
+    if where == "input":
+        raise ValueError(f"{adapter.family}: the router capture must be a module output")
+    return layer.get_submodule(path).register_forward_hook(hook)
+
+
 # -- the patcher -------------------------------------------------------------------------------------
 class Patcher:
     """Per-token patches for any supported transformers causal LM (see `arch/` and `variants.py`)."""
@@ -124,7 +180,10 @@ class Patcher:
         self.dtype = next(self.lm.parameters()).dtype
         self.cdt = compute_dtype(self.dtype)
         self.logit_dtype = logit_dtype(self.dtype)
-        self.bufs = PatchBuffers(dtype=self.dtype)
+        self.bufs = PatchBuffers(dtype=self.dtype)  # the layer being patched (the closed loop: one at a time)
+        # the open loop holds every layer's patched tensors at once, each layer's in its own buffers
+        self.layer_bufs = [PatchBuffers(dtype=self.dtype) for _ in self.layers]
+        self._calls: dict = {}  # (query length, device) -> each layer's call arguments for the query alone
         names = {id(m): n for n, m in model.named_modules()}
         self.layer_names = [names[id(layer)] for layer in self.layers]
         self._inside = False
@@ -157,13 +216,50 @@ class Patcher:
     def control_pass(self, query: Tensor, record: list[Tensor]) -> PatchedPass:
         """The control with its per-layer errors: the unpatched model on the query alone, each layer's output
         against the with-context record. It shows how far the record is from what no patch gives, so that
-        a patched pass close to the record is not close by accident."""
-        with record_outputs(self.layers) as outputs:
+        a patched pass close to the record is not close by accident. It also records each layer's call
+        arguments for the query alone (`query_calls`)."""
+        with record_outputs(self.layers) as outputs, self._recording_calls(query) as calls:
             logits = self.control_logits(query)
+        self._calls[self._calls_key(query)] = calls
         result = PatchedPass(logits=logits, hidden_linf=[], hidden_rel=[])
         for output, reference in zip(outputs, record, strict=True):
             result.compare_layer(output, reference)
-        return result
+        return result.finish()
+
+    @staticmethod
+    def _calls_key(query: Tensor) -> tuple:
+        return query.shape[-1], query.device
+
+    @contextmanager
+    def _recording_calls(self, query: Tensor):
+        calls: list = [None] * len(self.layers)
+
+        def keep(index: int):
+            def hook(_m, args, kwargs):
+                calls[index] = (args, dict(kwargs))
+
+            return hook
+
+        handles = [layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(self.layers)]
+        try:
+            yield calls
+        finally:
+            for h in handles:
+                h.remove()
+
+    @torch.no_grad()
+    def query_calls(self, query: Tensor) -> list[tuple[tuple, dict]]:
+        """Each layer's call arguments (positions, masks, rotary tables) in the unpatched forward of the query
+        alone, as its forward pre-hooks saw them. With no cache and the query at position 0 they do not depend
+        on the token, only on the query's length: recorded once (by the control pass, or by a forward of the
+        decoder body here) and reused. The hidden state among them is never used: the open loop runs each
+        layer on the with-context input x_{l−1}."""
+        key = self._calls_key(query)
+        if key not in self._calls:
+            with self._recording_calls(query) as calls:
+                self.lm(input_ids=query.view(1, -1), use_cache=False)
+            self._calls[key] = calls
+        return self._calls[key]
 
     @torch.no_grad()
     def stock_logits(self, query: Tensor, patched: dict[str, Tensor]) -> Tensor:
@@ -179,22 +275,69 @@ class Patcher:
     @torch.no_grad()
     def patched_pass(self, query: Tensor, step: ContextStep, keep: dict | None = None,
                      variant: Variant | None = None) -> PatchedPass:
-        """The model's forward of the query token alone, every layer patched on the fly by `variant` (the
-        patcher's own by default) from `step.targets`, each layer's output compared with `step.record`.
-        With `keep`, the patched tensors are also copied into it under their full parameter names."""
+        """The model's forward of the query token alone with every layer patched by `variant` (the patcher's
+        own by default) from `step.targets`, each layer's output compared with `step.record`. An open loop:
+        all patches first, then the stock forward with them (`open_loop_pass`); a closed loop: each layer
+        solved inside the pass. With `keep`, the patched tensors are also copied into it under their full
+        parameter names."""
         variant = variant or self.variant
+        if variant.evidence:
+            return self.open_loop_pass(query, step, keep, variant)
         result = PatchedPass(logits=None, hidden_linf=[], hidden_rel=[])
         originals = []
         for index, layer in enumerate(self.layers):
             originals.append(layer)
             layer.forward = self._intercept(variant, index, layer, step, result, keep)
         try:
-            out = self.model(input_ids=query.view(1, 1), use_cache=False)
+            with deferred_checks() as checks:
+                out = self.model(input_ids=query.view(1, 1), use_cache=False)
         finally:
             for layer in originals:
                 del layer.forward
         result.logits = out.logits[0, -1].to(self.logit_dtype)
-        return result
+        return result.finish(checks)
+
+    @torch.no_grad()
+    def open_loop_tensors(self, query: Tensor, step: ContextStep, variant: Variant | None = None
+                          ) -> tuple[dict[str, Tensor], list[LayerPatchStats]]:
+        """Every layer's patched tensors (full parameter names), computed before any patched forward from the
+        with-context targets alone and each layer's call arguments for the query alone; and their stats.
+        Each layer's tensors live in its own buffers (`layer_bufs`), reused token after token: what this
+        holds beyond the model is the patched matrices themselves."""
+        variant = variant or self.variant
+        tensors: dict[str, Tensor] = {}
+        stats = []
+        for index, (layer, (args, kwargs)) in enumerate(zip(self.layers, self.query_calls(query), strict=True)):
+            self.bufs = self.layer_bufs[index]
+            stats.append(variant.fill(self, layer, step.targets[index], module_input(args, kwargs), args, kwargs))
+            tensors.update({f"{self.layer_names[index]}.{k}": t for k, t in self.bufs.tensors.items()})
+        return tensors, stats
+
+    def open_loop_pass(self, query: Tensor, step: ContextStep, keep: dict | None, variant: Variant) -> PatchedPass:
+        """The open loop's patched pass: the patched tensors of all layers computed first, then the model's
+        unmodified forward of the query alone with them in place of its parameters. Forward hooks only copy
+        what each layer returns to the next (and an MoE's routing), for the per-layer errors."""
+        with deferred_checks() as checks:
+            tensors, stats = self.open_loop_tensors(query, step, variant)
+        if keep is not None:
+            keep.update({name: t.clone() for name, t in tensors.items()})
+        routed = "router" in self.adapter.captures
+        routes: list[dict] = [{} for _ in self.layers]
+        handles = [register_router_capture(self.adapter, layer, routes[i]) for i, layer in enumerate(self.layers)
+                   if routed]
+        try:
+            with record_outputs(self.layers) as outputs:
+                out = functional_call(self.model, tensors, (), {"input_ids": query.view(1, 1), "use_cache": False})
+        finally:
+            for h in handles:
+                h.remove()
+        result = PatchedPass(logits=out.logits[0, -1].to(self.logit_dtype), hidden_linf=[], hidden_rel=[],
+                             layer_stats=stats)
+        for index, (output, reference) in enumerate(zip(outputs, step.record, strict=True)):
+            if routed:
+                stats[index].routing_changed = routing_changed(routes[index]["router"], step.targets[index])
+            result.compare_layer(output, reference)
+        return result.finish(checks)
 
     def _intercept(self, variant, index, layer, step, result, keep):
         own_forward = type(layer).forward
@@ -221,6 +364,6 @@ class Patcher:
             values, stats = {"out": last_position(first_output(output))}, LayerPatchStats()
         result.layer_stats.append(stats)
         if "router" in values and "router" in target.values:  # MoE: did the same experts fire?
-            stats.routing_changed = int(set(values["router"][2].tolist()) != set(target.values["router"][2].tolist()))
+            stats.routing_changed = routing_changed(values["router"], target)
         result.compare_layer(values["out"], step.record[index])
         return output

@@ -32,7 +32,8 @@ def test_smoke_run_on_gpt2_bfloat16_writes_metrics_and_claims(smoke_runs, tmp_pa
     assert set(claims.index) == {"goldwaser.construction.closed_loop_bfloat16_top1_match",
                                  "goldwaser.construction.closed_loop_bfloat16_last_layer_control_top1",
                                  "goldwaser.construction.closed_loop_bfloat16_every_layer",
-                                 "goldwaser.construction.closed_loop_bfloat16_every_layer_control"}
+                                 "goldwaser.construction.closed_loop_bfloat16_every_layer_control",
+                                 "goldwaser.record.bfloat16_cached_equals_uncached"}
     assert claims["paper_value"].isna().all()
     match = claims.loc["goldwaser.construction.closed_loop_bfloat16_top1_match"]
     assert match["measured"] == pytest.approx(100 * top1["value"].mean())
@@ -132,3 +133,47 @@ def test_a_local_folder_without_weights_names_what_the_folder_lacks(tmp_path):
     message = str(err.value)
     assert "local folder" in message and "save_pretrained" in message and "licence" not in message
     assert "\n" not in message
+
+
+def test_stock_check_is_refused_for_an_open_loop_in_one_line():
+    from omegaconf import OmegaConf
+
+    from experiments.core.errors import UserError
+    from experiments.goldwaser.patch_match import validate
+
+    with pytest.raises(UserError, match="closed loop only: variant=naive's patched pass already is the model's"):
+        validate(OmegaConf.create({"variant": "naive", "stock_check": "first"}))
+
+
+def _cached_claim(tmp_path, prefill_from_another_prompt: bool) -> tuple[bool, pd.DataFrame]:
+    import torch
+
+    from experiments.goldwaser.patch_match import log_step
+    from experiments.patching.generate import compare_generation
+    from experiments.patching.patcher import Patcher
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.prompts import encode_prompt
+
+    bundle = load_model("tiny-llama", torch.float32, "cpu", seed=0)
+    patcher = Patcher(bundle.model, "naive")
+    if prefill_from_another_prompt:  # the with-context cache built from other tokens than the prompt's
+        prefill = patcher.prefill
+        vocab = bundle.model.config.vocab_size
+        patcher.prefill = lambda inputs: prefill({"input_ids": (inputs["input_ids"] * 7 + 1) % vocab})
+    ctx = RunContext(run_dir=tmp_path, experiment="patch_match", run_id="r", device=torch.device("cpu"))
+    for st in compare_generation(patcher, encode_prompt(bundle, "A short prompt about snow."), 3, check_cache=True):
+        log_step(ctx, st, "t", prompt=0, model="tiny-llama", family="Llama", dtype="float32", variant="naive")
+    check_claims(ctx, ctx.metrics(), torch.float32, "naive", True, "tiny-llama")
+    claims = ctx.claims().set_index("id")
+    return bool(claims.loc["goldwaser.record.float32_cached_equals_uncached", "passed"]), claims
+
+
+def test_the_with_context_side_checked_against_itself_fails_on_a_prefill_from_another_prompt(tmp_path):
+    """The record and the targets come from the same cached pass: with the cache built from another prompt
+    the patch still matches that pass (the open loop's claims pass), and only the cached-vs-uncached claim,
+    an uncached forward of the true prompt and reply, sees it."""
+    passed, claims = _cached_claim(tmp_path / "good", False)
+    assert passed and claims["passed"].all(), claims.to_string()
+    passed, claims = _cached_claim(tmp_path / "broken", True)
+    assert not passed
+    assert claims.drop("goldwaser.record.float32_cached_equals_uncached")["passed"].all()

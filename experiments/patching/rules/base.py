@@ -28,10 +28,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class LayerPatchStats:
-    div_zero: int = 0  # coordinates where a division (Thm 10, App. B) was undefined
-    no_root: int = 0  # 1 when App. B's multiplier equation had no root on (−∞, min m²)
-    dm_linf: float = 0.0  # max |Δ| of the output parameter (Δm, Δb, or ΔW′'s factor r)
-    routing_changed: int = 0  # MoE: 1 when the patched pass picked other experts than the context pass
+    """A layer's patch statistics. Inside a patched pass they are device tensors (0-d), so that no layer
+    reads anything back to the host; `PatchedPass.finish` turns them into numbers, in one read a pass."""
+
+    div_zero: int | Tensor = 0  # coordinates where a division (Thm 10, App. B) was undefined
+    no_root: int | Tensor = 0  # 1 when App. B's multiplier equation had no root on (−∞, min m²)
+    dm_linf: float | Tensor = 0.0  # max |Δ| of the output parameter (Δm, Δb, or ΔW′'s factor r)
+    routing_changed: int | Tensor = 0  # MoE: 1 when the patched pass picked other experts than the context pass
 
 
 def module_input(args: tuple, kwargs: dict) -> Tensor:

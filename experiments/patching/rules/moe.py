@@ -31,15 +31,15 @@ def expert_inputs(adapter, experts: nn.Module) -> Tensor:
 def moe_down_rounded(experts: nn.Module, P: Tensor, out: Tensor, gate_up: Tensor, z: Tensor, index: Tensor,
                      gates: Tensor, r: Tensor, cdt: torch.dtype) -> None:
     """Each active expert's W_down,j gets ΔW′_j y_j = r / S, y_j its hidden state for z through `gate_up`
-    (as the experts' eager forward computes it); the other experts keep W_down,j. Written rounded."""
-    active = index.reshape(-1).tolist()
-    ys = []
-    for j in active:
-        g, u = nn.functional.linear(z.reshape(-1), gate_up[j]).chunk(2, dim=-1)
-        ys.append((experts.act_fn(g) * u).to(cdt))
+    (as the experts' eager forward computes it); the other experts keep W_down,j. Written rounded. The
+    active experts are gathered by index on the device (no list of them read back to the host)."""
+    active = index.reshape(-1).long()
+    g, u = torch.matmul(gate_up[active], z.reshape(-1)).chunk(2, dim=-1)
+    ys = (experts.act_fn(g) * u).to(cdt)
+    pairs = lemmas.moe_updates(r, gates.reshape(-1).to(cdt), ys)
+    us, ss = torch.stack([u for u, _ in pairs]), torch.stack([s for _, s in pairs])
     out.copy_(P)
-    for j, (u, s) in zip(active, lemmas.moe_updates(r, gates.reshape(-1).to(cdt), torch.stack(ys)), strict=True):
-        out[j].copy_(torch.addr(P[j].to(cdt), u, s))
+    out[active] = (P[active].to(cdt) + us[:, :, None] * ss[:, None, :]).to(out.dtype)
 
 
 class MixtureOfExperts(OutputRule):
@@ -52,7 +52,7 @@ class MixtureOfExperts(OutputRule):
         _logits, gates, index = values["router"]
         experts = adapter.owner(layer)
         moe_down_rounded(experts, P, out, expert_inputs(adapter, experts), values["z"], index, gates, r, cdt)
-        stats.dm_linf = float(r.abs().max())
+        stats.dm_linf = r.abs().max()
 
     def closed_loop(self, adapter, module, P, out, args, kwargs, target_minus_v, cdt, stats):
         # for the experts the patched router picked, with their patched gate/up (the experts' own input)
@@ -60,7 +60,7 @@ class MixtureOfExperts(OutputRule):
         hidden, index, gates = args[:3]
         moe_down_rounded(module, P, out, expert_inputs(adapter, module), last_position(hidden), index[-1],
                          gates[-1], r, cdt)
-        stats.dm_linf = float(r.abs().max())
+        stats.dm_linf = r.abs().max()
 
     def fit_positions(self, adapter, module, P, args, kwargs, R):
         # stacked [ΔW′_1 … ΔW′_E] Φᵀ = Rᵀ, Φ_i = [a_i1 y_i1, …, a_iE y_iE] (a_ie = 0 for experts not picked):

@@ -16,12 +16,12 @@ class OuterBias(OutputRule):
     def open_loop(self, adapter, layer, r, values, P, out, cdt, stats):
         db = lemmas.outer_bias_update(r)
         out.copy_(P.to(cdt) + db)
-        stats.dm_linf = float(db.abs().max())
+        stats.dm_linf = db.abs().max()
 
     def closed_loop(self, adapter, module, P, out, args, kwargs, target_minus_v, cdt, stats):
         r = self.residual_in_pass(module, P, out, args, kwargs, target_minus_v, cdt)
         out.copy_(P.to(cdt) + lemmas.outer_bias_update(r))
-        stats.dm_linf = float(r.abs().max())
+        stats.dm_linf = r.abs().max()
 
     def fit_positions(self, adapter, module, P, args, kwargs, R):
         # one Δb for every row: their mean, exact only at k = 1

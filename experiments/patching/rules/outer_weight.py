@@ -23,7 +23,7 @@ class OuterWeight(OutputRule):
     def open_loop(self, adapter, layer, r, values, P, out, cdt, stats):
         u, s = lemmas.outer_weight_update(r, values["y"].to(cdt))
         add_outer_rounded(P, u, s, out, cdt=cdt)
-        stats.dm_linf = float(r.abs().max())
+        stats.dm_linf = r.abs().max()
 
     def closed_loop(self, adapter, module, P, out, args, kwargs, target_minus_v, cdt, stats):
         # Row by row, one read of each row block: r_i = (T − v′)_i − W_i · y′ − b_i, then W_i += r_i y′ᵀ/‖y′‖².
@@ -31,7 +31,7 @@ class OuterWeight(OutputRule):
         y = last_position(module_input(args, kwargs)).to(cdt)
         t = target_minus_v if module.bias is None else target_minus_v - module.bias.to(cdt)
         r = add_rank1_by_rows(P, lambda w, rows: t[rows] - torch.mv(w, y), lemmas.outer_weight_direction(y), out, cdt)
-        stats.dm_linf = float(r.abs().max())
+        stats.dm_linf = r.abs().max()
 
     def fit_positions(self, adapter, module, P, args, kwargs, R):
         # ΔW′ = Rᵀ (Yᵀ)⁺: exact at k positions whose inputs y_i are independent (k ≤ n)

@@ -34,13 +34,13 @@ class Scale(OutputRule):
     def open_loop(self, adapter, layer, r, values, P, out, cdt, stats):
         dm, stats.div_zero = lemmas.scale_update(r, scale_input(adapter.owner(layer), values["d"], cdt))
         out.copy_(P.to(cdt) + dm)
-        stats.dm_linf = float(dm.abs().max())
+        stats.dm_linf = dm.abs().max()
 
     def closed_loop(self, adapter, module, P, out, args, kwargs, target_minus_v, cdt, stats):
         r = self.residual_in_pass(module, P, out, args, kwargs, target_minus_v, cdt)
         dm, stats.div_zero = lemmas.scale_update(r, scale_input(module, last_position(args[0]), cdt))
         out.copy_(P.to(cdt) + dm)
-        stats.dm_linf = float(dm.abs().max())
+        stats.dm_linf = dm.abs().max()
 
     def fit_positions(self, adapter, module, P, args, kwargs, R):
         # Δm per coordinate by least squares over the k rows: d parameters, exact only at k = 1. H as the
