@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.core.errors import UserError
 from tests.conftest import run_cli
 
 EXPERIMENT = "system_compile"  # the shared smoke run (tests/smoke_runs.py)
@@ -165,33 +164,6 @@ def test_patch_compile_method_needs_a_system_prompt(tmp_path):
 
 
 # -- the pieces -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("check, text, passed", [
-    ("french", "Pour inverser une liste en Python, vous pouvez utiliser la méthode reverse().", True),
-    ("french", "To reverse a list in Python, you can use the reverse() method.", False),
-    ("french", "```python\nle = la = les = 1\n```\nThis is the way to do it.", False),  # code does not count
-    ("starts_with:Ahoy", "Ahoy, a closure is a function...", True),
-    ("starts_with:Ahoy", "**Ahoy!** Here is how.", True),
-    ("starts_with:Ahoy", "Sure! Ahoy, here is how.", False),
-    ("starts_with:Ahoy", "Ahoyhoy there", False),
-    ("uppercase", "A CLOSURE IS A FUNCTION THAT REMEMBERS.", True),
-    ("uppercase", "A closure is a function.", False),
-    ("json", '```json\n{"answer": 42}\n```', True),
-    ("json", '{"answer": 42', False),
-    ("json", "42", False),
-])
-def test_behaviour_checks(check, text, passed):
-    from experiments.goldwaser.system_compile.behaviours import check_for
-
-    assert check_for(check)(text) is passed
-
-
-def test_unknown_check_names_the_known_forms():
-    from experiments.goldwaser.system_compile.behaviours import check_for
-
-    with pytest.raises(UserError, match=r"check='starts_with:' is not a behaviour check; known: french, "):
-        check_for("starts_with:")
-
-
 def test_prompted_and_plain_inputs_share_the_query_at_their_end():
     from experiments.goldwaser.system_compile.inputs import encode
     from experiments.zoo.tokenizer import byte_tokenizer
