@@ -129,6 +129,8 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     ("steps=2.5", "steps=2.5 is ill-typed: expected an integer"),
     ("prompts=[{name:a,text:hi,check:loud}]", "check='loud' is not a behaviour check"),
     ("system=Be brief.", "system= needs check="),
+    ("prompts=[{name:a,text:hi,check:frnech}]", "did you mean french?"),
+    ("queries=[Hi?,Why?,How so?,hi?,\"  WHY? \"]", "held-out query 'hi?' repeats a fit query"),
     ("lora_targets=[q_lin]", "q_lin names no module of tiny-llama"),
     (("save=bake", "methods=[analytic]"), "save=bake is not among methods"),
 ])
@@ -258,3 +260,16 @@ def test_reply_logits_of_a_float64_model_stay_float64():
     for dtype, want in ((torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
         model = load_model("tiny-llama", dtype).model
         assert reply_logits(model, (1, 2, 3), [4, 5]).dtype == want
+
+
+def test_the_chat_templates_default_system_prompt_is_refused_before_the_run(tmp_path):
+    """Qwen's template puts its default system prompt in when none is given: compiling that prompt leaves the
+    control equal to the reference (KL 0, a claim dividing by it); the tokenizer alone shows it."""
+    from tests.conftest import require_bundled
+    from tests.in_process import refusal
+
+    require_bundled("qwen2.5-0.5b")
+    said = refusal(EXPERIMENT, tmp_path / "run", "model=qwen2.5-0.5b",
+                   "system='You are Qwen, created by Alibaba Cloud. You are a helpful assistant.'", "check=french")
+    assert "chat template default" in said and "\n" not in said
+    assert not (tmp_path / "run").exists()

@@ -67,7 +67,7 @@ class SystemCompile:
     system: str | None = None  # one system prompt from the command line (replaces prompts=), with check=
     check: str | None = None
     queries: Any = field(default_factory=lambda: list(QUERIES))  # a list, or a text file with one query a line
-    heldout: int = 8  # the last `heldout` queries are held out; the others are fitted on
+    heldout: int = 16  # the last `heldout` queries are held out; the others are fitted on
     max_new_tokens: int = 48  # reply length: the reference reply, and every free generation
     stop_at_eos: str = "auto"  # end a reply at end of turn: auto = trained models only
     continuations: Continuations = Continuations.greedy
