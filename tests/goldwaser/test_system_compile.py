@@ -74,6 +74,35 @@ def test_a_compile_that_changes_nothing_fails_the_claims(tmp_path, monkeypatch):
     assert not claims.loc["system_compile.heldout.bake_kl_below_analytic", "passed"]
 
 
+def test_the_bakes_compile_time_leaves_out_its_heldout_evaluations(tmp_path, monkeypatch):
+    """A clock that moves only while the held-out KL is measured: the bake's compile_s is then 0 and its
+    bake_eval_s carries every evaluation. eval_every=0 ("at the end only") still evaluates at the end."""
+    import types
+
+    from experiments.goldwaser.system_compile import study
+
+    clock = [0.0]
+    real = study.heldout_kl
+
+    def slow(ref):
+        measure = real(ref)
+
+        def timed(model):
+            clock[0] += 1000.0
+            return measure(model)
+        return timed
+
+    monkeypatch.setattr(study, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(study, "heldout_kl", slow)
+    from tests.in_process import run_claims
+
+    run_claims(EXPERIMENT, tmp_path / "run", "methods=[bake]", "eval_every=0")
+    m = pd.read_csv(tmp_path / "run" / "metrics.csv")
+    assert m.loc[m["metric"] == "bake_heldout_kl", "step"].tolist() == [3]  # steps=3 in the smoke preset
+    bake = m[m["method"] == "bake"].set_index("metric")["value"]
+    assert bake["compile_s"] == 0.0 and bake["bake_eval_s"] == 1000.0
+
+
 # -- checkpoints ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["analytic", "bake"])
 def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp_path, method):

@@ -88,7 +88,7 @@ class SystemCompile:
     eval_every: int = 10  # held-out KL during training, every this many steps (0: at the end only)
     # claims and artefacts
     kl_ratio: float = 0.9  # KL claims: a method's held-out KL at most this fraction of the other side's
-    margin: float = 0.1  # behaviour claims: pass rate above the control's by at least this fraction
+    margin: float = 0.0  # behaviour claims: lower end of the 95 % interval above the control's upper end by this
     save: Method | None = None  # keep this method's checkpoint of the first prompt in the run folder
 
 
