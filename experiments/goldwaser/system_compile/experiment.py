@@ -132,6 +132,8 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"methods={methods} must name analytic and/or bake, each once")
     if cfg.save is not None and str(cfg.save) not in methods:
         raise UserError(f"save={cfg.save} is not among methods={methods}")
+    if str(cfg.get("format", "merged")) == "peft" and cfg.save is None:
+        raise UserError("format=peft is the form of the saved model: give save=analytic|bake with it")
     check_stop_at_eos(cfg)
     if "bake" in methods and (not isinstance(cfg.lora_targets, (list, ListConfig)) or not cfg.lora_targets):
         raise UserError("lora_targets= is empty: the LoRA needs the modules it adapts, e.g. "
@@ -151,6 +153,13 @@ def validate(cfg: DictConfig) -> None:
     lengths = [len(encode(tok, str(cfg.template), str(cfg.query_format), p.text, q).prompted)
                for p in prompts for q in fit + held]
     check_context_length(config, lengths, int(cfg.max_new_tokens))
+    if str(cfg.get("format", "merged")) == "peft" and str(cfg.save) == "analytic" and cfg.analytic_rank is None:
+        # the least-squares ΔW has a direction per fit position: that is the rank a LoRA would need
+        ids = [encode(tok, str(cfg.template), str(cfg.query_format), prompts[0].text, q) for q in fit]
+        per = [(i.shared - 1 if str(cfg.fit_positions) == "suffix" else 0) + int(cfg.max_new_tokens) for i in ids]
+        rank = min(sum(per) * max(1, int(cfg.samples)), int(config.hidden_size))
+        raise UserError(f"format=peft: the analytic patch is not low rank (up to rank {rank}, one direction per fit "
+                        "position): give analytic_rank=R for a rank-R adapter, or format=merged")
 
 
 # -- the run --------------------------------------------------------------------------------------

@@ -47,6 +47,13 @@ class Continuations(StrEnum):
     sample = "sample"
 
 
+class Format(StrEnum):
+    """How save= keeps the compiled model: a stock checkpoint, or the change as a PEFT LoRA adapter."""
+
+    merged = "merged"
+    peft = "peft"  # adapter_config.json + adapter_model.safetensors: PeftModel.from_pretrained(base, DIR)
+
+
 @dataclass
 class SystemPrompt:
     name: str = MISSING  # a short name for tables and figures
@@ -90,10 +97,11 @@ class SystemCompile:
     kl_ratio: float = 0.9  # KL claims: a method's held-out KL at most this fraction of the other side's
     margin: float = 0.0  # behaviour claims: lower end of the 95 % interval above the control's upper end by this
     save: Method | None = None  # keep this method's checkpoint of the first prompt in the run folder
+    format: Format = Format.merged  # save='s form (peft: analytic needs analytic_rank=, the adapter's rank)
 
 
 # A module attribute, so a composed config pickles (submitit sends it to the job).
 SystemCompileConfig = experiment_schema(SystemCompile)
 
-__all__ = ["Continuations", "FitPositions", "Method", "SystemCompile", "SystemCompileConfig", "SystemPrompt",
+__all__ = ["Continuations", "FitPositions", "Format", "Method", "SystemCompile", "SystemCompileConfig", "SystemPrompt",
            "Template"]

@@ -99,7 +99,7 @@ def compile_bake(cfg: DictConfig, ctx: RunContext, lm, ref: Reference, items: li
 def run_prompt(cfg: DictConfig, ctx: RunContext, bundle, adapter, gen: Generation, p: int, prompt: Prompt,
                fit: list[str], held: list[str], control: list[list[int]], save) -> dict:
     """Everything for one system prompt (module docstring); returns the decoded generations per method.
-    `save(ctx, bundle, ref, gen, prompt, method)` keeps the checkpoint of method `cfg.save` (or None)."""
+    `save(ctx, bundle, ref, gen, prompt, method, change)` keeps the checkpoint of method `cfg.save` (or None)."""
     from experiments.core.runtime import dtype_name
 
     model, tok = bundle.model, bundle.tokenizer
@@ -131,7 +131,7 @@ def run_prompt(cfg: DictConfig, ctx: RunContext, bundle, adapter, gen: Generatio
             ctx.log_many(cost, method=method, **index)
             texts[method] = measure_model(model, ref, gen, check, ctx.log, method=method, **index)
             if save is not None and method == str(cfg.save):
-                save(ctx, bundle, ref, gen, prompt, method)
+                save(ctx, bundle, ref, gen, prompt, method, change)
         finally:
             change.restore(model)
     return texts
