@@ -45,8 +45,15 @@ def test_smoke_run_measures_every_method_on_both_splits(smoke_run):
         assert f"system_compile.heldout.{x}_behaviour_above_control" in claims.index
     assert "system_compile.heldout.bake_kl_below_analytic" in claims.index
     assert (smoke_run / "figures" / "heldout.png").is_file() and (smoke_run / "figures" / "bake_curve.png").is_file()
+    assert (smoke_run / "figures" / "kl_vs_compile_s.png").is_file()
     generations = json.loads((smoke_run / "generations.json").read_text())
     assert set(generations["system"]["ahoy"]) == {"reference", "control", "analytic", "bake"}
+
+
+def test_the_pareto_front_keeps_the_points_nothing_beats_on_both():
+    from experiments.goldwaser.system_compile.plots import pareto
+
+    assert pareto([(10, 0.5), (1, 0.9), (5, 0.95), (20, 0.1), (30, 0.2)]) == [(1, 0.9), (10, 0.5), (20, 0.1)]
 
 
 # -- the claims can fail ----------------------------------------------------------------------------------
