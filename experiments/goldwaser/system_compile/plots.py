@@ -114,7 +114,7 @@ def _figure_cost(m: pd.DataFrame, figures_dir: Path) -> list[Path]:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("compile seconds (held-out evaluations excluded)")
-    ax.set_ylabel("held-out KL(prompted ‖ model), nats/token")
+    ax.set_ylabel("held-out KL, nats/token")
     ax.legend(fontsize=6)
     return save_figure(fig, figures_dir, "kl_vs_compile_s")
 
