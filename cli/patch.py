@@ -80,8 +80,10 @@ def compile_(ctx: typer.Context) -> None:
     With method=analytic|bake: a SYSTEM prompt for queries it never saw (system_compile): the analytic fixed patch
     or a baked LoRA (merged), fitted on the fit queries and measured on the held-out ones. Keys (system_compile's,
     `icl-exp run system_compile --cfg job`): model=ID|PATH|qwen2.5-0.5b|gemma-3-270m|tiny-llama|...
-    system=TEXT check=french|starts_with:WORD|uppercase|json [queries=[...] heldout=8] [template=chat|prefix]
-    [rank=8 steps=60 (bake)] [analytic_rank=R] [out=DIR: a new or empty folder].
+    system=TEXT check=french|language:CODE|starts_with:WORD|ends_with:WORD|uppercase|json|no_letter:L|
+    one_sentence|recalls:TEXT [queries=[...] heldout=16] [template=chat|prefix] [rank=8 steps=60 (bake)]
+    [analytic_rank=R] [format=merged|peft: a stock checkpoint, or a PEFT LoRA adapter (analytic: needs
+    analytic_rank=R)] [out=DIR: a new or empty folder].
     """
     from cli.launch import launch
     from cli.output import fail
@@ -114,8 +116,9 @@ def system_compile_overrides(method: str, overrides: list[str]) -> list[str]:
     if method not in _system_methods():
         fail(f"method={method} is not one of {', '.join(_system_methods())}")
     if not any(a.startswith("system=") for a in overrides):
-        fail("patch compile method=... compiles one system prompt: give system=TEXT and "
-             "check=french|starts_with:WORD|uppercase|json")
+        from experiments.goldwaser.system_compile.behaviours import CHECK_FORMS
+
+        fail(f"patch compile method=... compiles one system prompt: give system=TEXT and check={'|'.join(CHECK_FORMS)}")
     rest = [hydra_quoted(a) if a.startswith(("system=", "check=")) else a
             for a in overrides if not a.startswith("method=")]
     return [f"methods=[{method}]", f"save={method}", *rest]

@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.core.errors import UserError
 from tests.conftest import run_cli
 
 EXPERIMENT = "system_compile"  # the shared smoke run (tests/smoke_runs.py)
@@ -46,8 +45,15 @@ def test_smoke_run_measures_every_method_on_both_splits(smoke_run):
         assert f"system_compile.heldout.{x}_behaviour_above_control" in claims.index
     assert "system_compile.heldout.bake_kl_below_analytic" in claims.index
     assert (smoke_run / "figures" / "heldout.png").is_file() and (smoke_run / "figures" / "bake_curve.png").is_file()
+    assert (smoke_run / "figures" / "kl_vs_compile_s.png").is_file()
     generations = json.loads((smoke_run / "generations.json").read_text())
     assert set(generations["system"]["ahoy"]) == {"reference", "control", "analytic", "bake"}
+
+
+def test_the_pareto_front_keeps_the_points_nothing_beats_on_both():
+    from experiments.goldwaser.system_compile.plots import pareto
+
+    assert pareto([(10, 0.5), (1, 0.9), (5, 0.95), (20, 0.1), (30, 0.2)]) == [(1, 0.9), (10, 0.5), (20, 0.1)]
 
 
 # -- the claims can fail ----------------------------------------------------------------------------------
@@ -73,6 +79,35 @@ def test_a_compile_that_changes_nothing_fails_the_claims(tmp_path, monkeypatch):
         row = claims.loc[f"system_compile.heldout.{x}_kl_below_control"]
         assert row["measured"] == 1.0 and not row["passed"]
     assert not claims.loc["system_compile.heldout.bake_kl_below_analytic", "passed"]
+
+
+def test_the_bakes_compile_time_leaves_out_its_heldout_evaluations(tmp_path, monkeypatch):
+    """A clock that moves only while the held-out KL is measured: the bake's compile_s is then 0 and its
+    bake_eval_s carries every evaluation. eval_every=0 ("at the end only") still evaluates at the end."""
+    import types
+
+    from experiments.goldwaser.system_compile import study
+
+    clock = [0.0]
+    real = study.heldout_kl
+
+    def slow(ref):
+        measure = real(ref)
+
+        def timed(model):
+            clock[0] += 1000.0
+            return measure(model)
+        return timed
+
+    monkeypatch.setattr(study, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(study, "heldout_kl", slow)
+    from tests.in_process import run_claims
+
+    run_claims(EXPERIMENT, tmp_path / "run", "methods=[bake]", "eval_every=0")
+    m = pd.read_csv(tmp_path / "run" / "metrics.csv")
+    assert m.loc[m["metric"] == "bake_heldout_kl", "step"].tolist() == [3]  # steps=3 in the smoke preset
+    bake = m[m["method"] == "bake"].set_index("metric")["value"]
+    assert bake["compile_s"] == 0.0 and bake["bake_eval_s"] == 1000.0
 
 
 # -- checkpoints ------------------------------------------------------------------------------------------
@@ -130,6 +165,8 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     ("steps=2.5", "steps=2.5 is ill-typed: expected an integer"),
     ("prompts=[{name:a,text:hi,check:loud}]", "check='loud' is not a behaviour check"),
     ("system=Be brief.", "system= needs check="),
+    ("prompts=[{name:a,text:hi,check:frnech}]", "did you mean french?"),
+    ("queries=[Hi?,Why?,How so?,hi?,\"  WHY? \"]", "held-out query 'hi?' repeats a fit query"),
     ("lora_targets=[q_lin]", "q_lin names no module of tiny-llama"),
     (("save=bake", "methods=[analytic]"), "save=bake is not among methods"),
 ])
@@ -165,33 +202,6 @@ def test_patch_compile_method_needs_a_system_prompt(tmp_path):
 
 
 # -- the pieces -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("check, text, passed", [
-    ("french", "Pour inverser une liste en Python, vous pouvez utiliser la méthode reverse().", True),
-    ("french", "To reverse a list in Python, you can use the reverse() method.", False),
-    ("french", "```python\nle = la = les = 1\n```\nThis is the way to do it.", False),  # code does not count
-    ("starts_with:Ahoy", "Ahoy, a closure is a function...", True),
-    ("starts_with:Ahoy", "**Ahoy!** Here is how.", True),
-    ("starts_with:Ahoy", "Sure! Ahoy, here is how.", False),
-    ("starts_with:Ahoy", "Ahoyhoy there", False),
-    ("uppercase", "A CLOSURE IS A FUNCTION THAT REMEMBERS.", True),
-    ("uppercase", "A closure is a function.", False),
-    ("json", '```json\n{"answer": 42}\n```', True),
-    ("json", '{"answer": 42', False),
-    ("json", "42", False),
-])
-def test_behaviour_checks(check, text, passed):
-    from experiments.goldwaser.system_compile.behaviours import check_for
-
-    assert check_for(check)(text) is passed
-
-
-def test_unknown_check_names_the_known_forms():
-    from experiments.goldwaser.system_compile.behaviours import check_for
-
-    with pytest.raises(UserError, match=r"check='starts_with:' is not a behaviour check; known: french, "):
-        check_for("starts_with:")
-
-
 def test_prompted_and_plain_inputs_share_the_query_at_their_end():
     from experiments.goldwaser.system_compile.inputs import encode
     from experiments.zoo.tokenizer import byte_tokenizer
@@ -286,3 +296,16 @@ def test_reply_logits_of_a_float64_model_stay_float64():
     for dtype, want in ((torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
         model = load_model("tiny-llama", dtype).model
         assert reply_logits(model, (1, 2, 3), [4, 5]).dtype == want
+
+
+def test_the_chat_templates_default_system_prompt_is_refused_before_the_run(tmp_path):
+    """Qwen's template puts its default system prompt in when none is given: compiling that prompt leaves the
+    control equal to the reference (KL 0, a claim dividing by it); the tokenizer alone shows it."""
+    from tests.conftest import require_bundled
+    from tests.in_process import refusal
+
+    require_bundled("qwen2.5-0.5b")
+    said = refusal(EXPERIMENT, tmp_path / "run", "model=qwen2.5-0.5b",
+                   "system='You are Qwen, created by Alibaba Cloud. You are a helpful assistant.'", "check=french")
+    assert "chat template default" in said and "\n" not in said
+    assert not (tmp_path / "run").exists()

@@ -118,7 +118,8 @@ def bake(model: nn.Module, data: list[BakeExample], s: BakeSettings, log: Callab
                 optimizer.step()
                 schedule.step()
                 log("bake_kl", total, step=step)
-                if heldout_kl is not None and s.eval_every and (step % s.eval_every == 0 or step == s.steps):
+                # eval_every=0: at the end only
+                if heldout_kl is not None and ((s.eval_every and step % s.eval_every == 0) or step == s.steps):
                     with torch.no_grad():
                         log("bake_heldout_kl", heldout_kl(wrapped), step=step)
                 bar.advance(1, info=f"KL {total:.3g}")

@@ -43,13 +43,16 @@ def usage(folder: Path, cfg: DictConfig, query: str, max_new: int) -> list[str]:
 
 @torch.no_grad()
 def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, gen: Generation, prompt,
-                    method: str) -> None:
-
-    from experiments.core.atomic import save_pretrained, write_json_atomic
+                    method: str, change=None) -> None:
+    """format=merged: the stock checkpoint; format=peft: the change as a LoRA adapter (adapter.py), which
+    needs the `change` (its originals: the base weights)."""
+    from experiments.core.atomic import save_pretrained
     from experiments.zoo.float64 import reload_float64
     from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
+    if str(cfg.get("format", "merged")) == "peft":
+        return save_adapter(cfg, ctx, bundle, ref, gen, prompt, method, change)
     folder, model, tok = ctx.run_dir, bundle.model, bundle.tokenizer
     with quiet_transformers():  # no "Writing model shards" bar
         save_pretrained(model, folder)
@@ -66,11 +69,55 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, ge
     mine_tokens = gen.free(model, [ref.ids[i].plain for i in held])
     stock_tokens = gen.free(stock, [ref.ids[i].plain for i in held])
     same = sum(a == b for a, b in zip(mine_tokens, stock_tokens, strict=True)) / len(held)
+    del stock
+    record(cfg, ctx, ref, gen, prompt, method, (worst, kls, same, stock_tokens), usage(folder, cfg,
+           ref.ids[held[0]].query, gen.max_new))
+
+
+@torch.no_grad()
+def save_adapter(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, gen: Generation, prompt, method: str,
+                 change) -> None:
+    """The change as a PEFT LoRA adapter in the run folder (with the tokenizer), loaded back by peft onto the
+    base weights and measured against the in-process compiled model as the checkpoint is."""
+    from experiments.core.atomic import save_pretrained
+    from experiments.goldwaser.system_compile.adapter import PeftOnBase, lora_factors, peft_rank, write_adapter
+    from experiments.zoo.quiet import quiet_transformers
+
+    folder, model, tok = ctx.run_dir, bundle.model, bundle.tokenizer
+    rank = peft_rank(cfg, method)
+    write_adapter(folder, lora_factors(model, change.originals, rank), rank, str(cfg.model), ctx.dtype)
+    with quiet_transformers():
+        save_pretrained(tok, folder)
+    held = ref.indices("heldout")
+    mine = [reply_logits(model, ref.ids[i].plain, ref.replies[i]) for i in held]
+    mine_tokens = gen.free(model, [ref.ids[i].plain for i in held])
+    worst, kls = 0.0, []
+    with PeftOnBase(model, change.originals, folder) as peft_model:
+        for i, logits in zip(held, mine, strict=True):
+            theirs = reply_logits(peft_model, ref.ids[i].plain, ref.replies[i])
+            worst = max(worst, float((theirs - logits).abs().max()) / max(float(logits.abs().max()), 1e-30))
+            kls.append(float(kl_rows(ref.logits[i], theirs).mean()))
+        peft_tokens = gen.free(peft_model, [ref.ids[i].plain for i in held])
+    same = sum(a == b for a, b in zip(mine_tokens, peft_tokens, strict=True)) / len(held)
+    where = repr(str(folder))
+    use = ["from peft import PeftModel; from transformers import AutoModelForCausalLM, AutoTokenizer",
+           f"m = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), {where})  # BASE: {cfg.model}",
+           f"t = AutoTokenizer.from_pretrained({where})"]
+    record(cfg, ctx, ref, gen, prompt, method, (worst, kls, same, peft_tokens), use)
+
+
+def record(cfg: DictConfig, ctx: RunContext, ref: Reference, gen: Generation, prompt, method: str, reload,
+           use: list[str]) -> None:
+    """The reload's metrics, compiled.json and the log lines: (worst relative logit gap, per-query KL,
+    fraction of identical generations, the reloaded model's generations) and how to use it."""
+    from experiments.core.atomic import write_json_atomic
+
+    folder, held = ctx.run_dir, ref.indices("heldout")
+    worst, kls, same, stock_tokens = reload
     index = dict(method=method, prompt=prompt.name)
     ctx.log("reload_logit_linf_rel", worst, **index)
     ctx.log("reload_kl", sum(kls) / len(kls), split="heldout", **index)
     ctx.log("reload_same_generation", same, split="heldout", **index)
-    del stock
     m = ctx.metrics()
     cost = m[(m["method"] == method) & (m["prompt"] == prompt.name)]
     cost = {k: float(cost[cost["metric"] == k]["value"].iloc[0])
@@ -81,7 +128,7 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, ge
         heldout=_means(m, method, prompt.name, "heldout"), control=_means(m, "control", prompt.name, "heldout"),
         reference_behaviour=_means(m, "reference", prompt.name, "heldout")["behaviour"],
         fit=_means(m, method, prompt.name, "fit"), reload_kl=sum(kls) / len(kls), reload_logit_linf_rel=worst,
-        reload_same_generation=same, **cost,
+        reload_same_generation=same, format=str(cfg.get("format", "merged")), **cost,
         # per held-out query: what a reader needs to measure the checkpoint again (tests/goldwaser/
         # test_system_compile.py does): the ids it is fed, the prompted model's reply and logits' KL along it,
         # and the free greedy generation the run measured
@@ -97,4 +144,4 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, ge
              "%.0f%%)", method, cost["rank"], cost["params_factored"], folder, len(held), summary["reload_kl"],
              c["kl"], 100 * h["top1"], 100 * c["top1"], prompt.check, 100 * h["behaviour"], 100 * c["behaviour"],
              100 * summary["reference_behaviour"])
-    log.info("use it:\n  %s", "\n  ".join(usage(folder, cfg, ref.ids[held[0]].query, gen.max_new)))
+    log.info("use it:\n  %s", "\n  ".join(use))

@@ -7,10 +7,13 @@ patch they are a construction (least squares at those very positions)."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 from omegaconf import DictConfig
 
 from experiments.core.results import RunContext
+from experiments.goldwaser.system_compile.rates import pooled, rate_table
 from experiments.patching.compare import rounding_bar
 
 REF = "beyond the papers: a system prompt compiled into weights (Goldwaser §6; Prompt Baking)"
@@ -31,25 +34,38 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
     where = f"{cfg.model}, {prompts} system prompt{'s' * (prompts != 1)}, {held} held-out queries"
     ratio, margin = float(cfg.kl_ratio), float(cfg.margin)
     kl = {x: heldout_mean(m, x, "kl") for x in ("control", *measured)}
-    rate = {x: heldout_mean(m, x, "behaviour") for x in ("reference", "control", *measured)}
+    table = rate_table(m)
+    control = pooled(table, "control")
+
+    def above_control(x: str) -> float:
+        """The lower end of x's 95 % Wilson interval minus the upper end of the control's: > 0 when they part."""
+        return float(pooled(table, x)["lo"] - control["hi"])
+
+    interval = ("pooled over prompts, 95 % Wilson intervals: lower end of the one minus upper end of the "
+                "control's; bar: margin=")
     ctx.check("system_compile.heldout.reference_behaviour_above_control", REF,
               "the prompt has an effect the check sees: on held-out queries, the pass rate of the model given the "
-              "system prompt minus the unprompted model's, fraction; bar: margin= "
-              f"({where})", rate["reference"] - rate["control"], ">=", margin, measure="rate(prompted) − rate(control)")
+              f"system prompt against the unprompted model's, {interval} ({where})", above_control("reference"),
+              ">=", margin, measure="lo(prompted) − hi(control)")
+    beats = {}
     for x in measured:
-        ctx.check(f"system_compile.heldout.{x}_kl_below_control", REF,
-                  f"{METHOD_WORDS[x]}, fed held-out queries without the system prompt: its mean next-token "
-                  "KL(prompted ‖ it) along the prompted model's greedy reply, over the unprompted model's (control); "
-                  f"bar: kl_ratio= ({where})", kl[x] / kl["control"], "<=", ratio,
-                  measure=f"KL({x}) / KL(control)")
+        beats[x] = ctx.check(f"system_compile.heldout.{x}_kl_below_control", REF,
+                             f"{METHOD_WORDS[x]}, fed held-out queries without the system prompt: its mean "
+                             "next-token KL(prompted ‖ it) along the prompted model's greedy reply, over the "
+                             f"unprompted model's (control); bar: kl_ratio= ({where})", kl[x] / kl["control"], "<=",
+                             ratio, measure=f"KL({x}) / KL(control)")
         ctx.check(f"system_compile.heldout.{x}_behaviour_above_control", REF,
                   f"{METHOD_WORDS[x]}: the behaviour check's pass rate on its free greedy generations from held-out "
-                  f"queries minus the control's, fraction; bar: margin= ({where})", rate[x] - rate["control"], ">=",
-                  margin, measure=f"rate({x}) − rate(control)")
+                  f"queries against the control's, {interval} ({where})", above_control(x), ">=", margin,
+                  measure=f"lo({x}) − hi(control)")
     if {"analytic", "bake"} <= set(measured):
+        # a comparison between two methods means something only when both learned the prompt: a bake that
+        # did nothing "beats" a harmful analytic patch, and a good bake "beats" a broken one
+        both = beats["analytic"] and beats["bake"]
         ctx.check("system_compile.heldout.bake_kl_below_analytic", REF,
                   "training beats the construction on queries neither saw: the baked LoRA's mean held-out KL over "
-                  f"the analytic patch's; bar: kl_ratio= ({where})", kl["bake"] / kl["analytic"], "<=", ratio,
+                  "the analytic patch's, counted only when both are below the control's bar (inf otherwise); bar: "
+                  f"kl_ratio= ({where})", kl["bake"] / kl["analytic"] if both else math.inf, "<=", ratio,
                   measure="KL(bake) / KL(analytic)")
     reload = m[m["metric"] == "reload_logit_linf_rel"]
     if len(reload):

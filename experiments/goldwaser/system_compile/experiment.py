@@ -39,14 +39,14 @@ GENERATIONS_FILE = "generations.json"  # every method's free generations, per sy
 # -- config ---------------------------------------------------------------------------------------
 def system_prompts(cfg: DictConfig):
     """The system prompts to compile: `system=` with `check=` when given, else `prompts=`."""
-    from experiments.goldwaser.system_compile.behaviours import check_for
+    from experiments.goldwaser.system_compile.behaviours import CHECK_FORMS, check_for
     from experiments.goldwaser.system_compile.study import Prompt
 
     if cfg.get("system") is not None:
         if not str(cfg.system).strip():
             raise UserError("system= is empty: give the system prompt to compile")
         if not cfg.get("check"):
-            raise UserError("system= needs check= to measure its effect: french | starts_with:WORD | uppercase | json")
+            raise UserError(f"system= needs check= to measure its effect: {' | '.join(CHECK_FORMS)}")
         prompts = [Prompt("system", str(cfg.system), str(cfg.check))]
     else:
         if not cfg.prompts:
@@ -109,7 +109,7 @@ def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists and before any model is loaded."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.goldwaser.common import check_context_length, check_stop_at_eos
-    from experiments.goldwaser.system_compile.inputs import check_template, encode, split
+    from experiments.goldwaser.system_compile.inputs import check_not_default, check_template, encode, split
     from experiments.patching.arch import adapter_for
     from experiments.zoo.loading import check_model
 
@@ -132,6 +132,8 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"methods={methods} must name analytic and/or bake, each once")
     if cfg.save is not None and str(cfg.save) not in methods:
         raise UserError(f"save={cfg.save} is not among methods={methods}")
+    if str(cfg.get("format", "merged")) == "peft" and cfg.save is None:
+        raise UserError("format=peft is the form of the saved model: give save=analytic|bake with it")
     check_stop_at_eos(cfg)
     if "bake" in methods and (not isinstance(cfg.lora_targets, (list, ListConfig)) or not cfg.lora_targets):
         raise UserError("lora_targets= is empty: the LoRA needs the modules it adapts, e.g. "
@@ -145,9 +147,19 @@ def validate(cfg: DictConfig) -> None:
         check_lora_targets(config, list(cfg.lora_targets), str(cfg.model))
     tok = load_tokenizer(str(cfg.model))
     check_template(tok, str(cfg.template), str(cfg.model))
+    for p in prompts:
+        check_not_default(encode(tok, str(cfg.template), str(cfg.query_format), p.text, fit[0]), p.name,
+                          str(cfg.model))
     lengths = [len(encode(tok, str(cfg.template), str(cfg.query_format), p.text, q).prompted)
                for p in prompts for q in fit + held]
     check_context_length(config, lengths, int(cfg.max_new_tokens))
+    if str(cfg.get("format", "merged")) == "peft" and str(cfg.save) == "analytic" and cfg.analytic_rank is None:
+        # the least-squares ΔW has a direction per fit position: that is the rank a LoRA would need
+        ids = [encode(tok, str(cfg.template), str(cfg.query_format), prompts[0].text, q) for q in fit]
+        per = [(i.shared - 1 if str(cfg.fit_positions) == "suffix" else 0) + int(cfg.max_new_tokens) for i in ids]
+        rank = min(sum(per) * max(1, int(cfg.samples)), int(config.hidden_size))
+        raise UserError(f"format=peft: the analytic patch is not low rank (up to rank {rank}, one direction per fit "
+                        "position): give analytic_rank=R for a rank-R adapter, or format=merged")
 
 
 # -- the run --------------------------------------------------------------------------------------

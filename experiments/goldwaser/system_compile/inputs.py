@@ -48,7 +48,25 @@ def split(cfg: DictConfig) -> tuple[list[str], list[str]]:
         raise UserError(f"heldout={n}: the split has no held-out query (heldout must be at least 1)")
     if n >= len(queries):
         raise UserError(f"heldout={n} leaves no query to fit on ({len(queries)} queries; heldout ≤ {len(queries) - 1})")
-    return queries[:-n], queries[-n:]
+    fit, held = queries[:-n], queries[-n:]
+    seen = {_normal(q) for q in fit}
+    repeats = [q for q in held if _normal(q) in seen]
+    if repeats:
+        raise UserError(f"held-out query {repeats[0]!r} repeats a fit query (case and spaces aside): a held-out "
+                        f"number on it would measure the fit ({len(repeats)} such); give distinct queries")
+    return fit, held
+
+
+def _normal(query: str) -> str:
+    return " ".join(query.casefold().split())
+
+
+def check_not_default(ids: QueryIds, name: str, model: str) -> None:
+    """The prompted and plain inputs differ: a system prompt equal to the template's default one (what the
+    model gets without a system turn) has nothing to compile, and the control's KL would be 0."""
+    if ids.prompted == ids.plain:
+        raise UserError(f"system prompt {name!r} is model={model}'s chat template default (what it gets without a "
+                        "system turn): nothing to compile, the control already has it; give another prompt")
 
 
 def check_template(tokenizer, template: str, model: str) -> None:

@@ -1,6 +1,7 @@
 """system_compile's figures, from metrics.csv alone: per system prompt and method, the held-out KL to the
 prompted model and the behaviour check's pass rate (bars; the fit queries as dots, a construction for the
-analytic patch); and the bake's training curve beside the control's and the analytic patch's held-out KL."""
+analytic patch); the bake's training curve beside the control's and the analytic patch's held-out KL; and
+held-out KL against compile seconds, every method's points with the Pareto front."""
 
 from __future__ import annotations
 
@@ -78,10 +79,52 @@ def _figure_curve(m: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "bake_curve")
 
 
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (seconds, KL) points no other point beats on both: sorted by seconds, each lower in KL than all
+    before it."""
+    front, best = [], np.inf
+    for x, y in sorted(points):
+        if y < best:
+            front.append((x, y))
+            best = y
+    return front
+
+
+def _figure_cost(m: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    """Held-out KL against compile seconds: a point per (system prompt, method), the control as a line (no
+    compile), the Pareto front over every point marked."""
+    held = _per_prompt(m, "kl", "heldout")
+    seconds = m[m["metric"] == "compile_s"].groupby(["prompt", "method"])["value"].mean().unstack("method")
+    fig, axes = new_figure(1, 1, width=4.2, height=3.0)
+    ax, points = axes[0, 0], []
+    for method in ("analytic", "bake"):
+        if method not in seconds or method not in held:
+            continue
+        both = pd.concat([seconds[method].rename("s"), held[method].rename("kl")], axis=1).dropna()
+        ax.plot(both["s"], both["kl"], "o", color=COLORS[method], label=LABELS[method], ms=5, alpha=0.8)
+        for prompt, row in both.iterrows():
+            ax.annotate(str(prompt), (row["s"], row["kl"]), fontsize=5, xytext=(3, 2), textcoords="offset points")
+        points += list(zip(both["s"], both["kl"], strict=True))
+    if "control" in held:
+        ax.axhline(float(held["control"].mean()), ls=":", color=COLORS["control"], label=LABELS["control"] + ", mean")
+    front = pareto(points)
+    if front:
+        ax.step(*zip(*front, strict=True), where="post", color="k", lw=0.8, label="Pareto front")
+        ax.plot(*zip(*front, strict=True), "s", mfc="none", mec="k", ms=9, mew=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("compile seconds (held-out evaluations excluded)")
+    ax.set_ylabel("held-out KL, nats/token")
+    ax.legend(fontsize=6)
+    return save_figure(fig, figures_dir, "kl_vs_compile_s")
+
+
 def plot_all(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     if metrics.empty or "method" not in metrics or "kl" not in set(metrics["metric"]):
         return []
     paths = _figure_heldout(metrics, figures_dir)
     if "bake_kl" in set(metrics["metric"]):
         paths += _figure_curve(metrics, figures_dir)
+    if "compile_s" in set(metrics["metric"]):
+        paths += _figure_cost(metrics, figures_dir)
     return paths

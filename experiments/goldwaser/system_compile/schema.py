@@ -47,6 +47,13 @@ class Continuations(StrEnum):
     sample = "sample"
 
 
+class Format(StrEnum):
+    """How save= keeps the compiled model: a stock checkpoint, or the change as a PEFT LoRA adapter."""
+
+    merged = "merged"
+    peft = "peft"  # adapter_config.json + adapter_model.safetensors: PeftModel.from_pretrained(base, DIR)
+
+
 @dataclass
 class SystemPrompt:
     name: str = MISSING  # a short name for tables and figures
@@ -67,7 +74,7 @@ class SystemCompile:
     system: str | None = None  # one system prompt from the command line (replaces prompts=), with check=
     check: str | None = None
     queries: Any = field(default_factory=lambda: list(QUERIES))  # a list, or a text file with one query a line
-    heldout: int = 8  # the last `heldout` queries are held out; the others are fitted on
+    heldout: int = 16  # the last `heldout` queries are held out; the others are fitted on
     max_new_tokens: int = 48  # reply length: the reference reply, and every free generation
     stop_at_eos: str = "auto"  # end a reply at end of turn: auto = trained models only
     continuations: Continuations = Continuations.greedy
@@ -88,12 +95,13 @@ class SystemCompile:
     eval_every: int = 10  # held-out KL during training, every this many steps (0: at the end only)
     # claims and artefacts
     kl_ratio: float = 0.9  # KL claims: a method's held-out KL at most this fraction of the other side's
-    margin: float = 0.1  # behaviour claims: pass rate above the control's by at least this fraction
+    margin: float = 0.0  # behaviour claims: lower end of the 95 % interval above the control's upper end by this
     save: Method | None = None  # keep this method's checkpoint of the first prompt in the run folder
+    format: Format = Format.merged  # save='s form (peft: analytic needs analytic_rank=, the adapter's rank)
 
 
 # A module attribute, so a composed config pickles (submitit sends it to the job).
 SystemCompileConfig = experiment_schema(SystemCompile)
 
-__all__ = ["Continuations", "FitPositions", "Method", "SystemCompile", "SystemCompileConfig", "SystemPrompt",
+__all__ = ["Continuations", "FitPositions", "Format", "Method", "SystemCompile", "SystemCompileConfig", "SystemPrompt",
            "Template"]
