@@ -67,6 +67,19 @@ def _run_help() -> str:
     ])
 
 
+def _has_key(name: str, key: str) -> bool:
+    """Whether experiment NAME's typed config has `key` (False for an unknown name: launch words that)."""
+    import dataclasses
+    import importlib
+
+    from experiments.core.registry import experiment_names, paper_package
+
+    if name not in experiment_names():
+        return False
+    schema = importlib.import_module(f"experiments.{paper_package(name)}.schema").SCHEMAS[name]
+    return key in {f.name for f in dataclasses.fields(schema)}
+
+
 @app.command(cls=_RunCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              help=_run_help())
 def run(
@@ -78,7 +91,9 @@ def run(
     from cli.launch import launch
 
     args = list(ctx.args)
-    if any(a.startswith("resume=") for a in args):  # `-m ... resume=SWEEP_DIR`: the sweep's unfinished jobs
+    # `-m ... resume=SWEEP_DIR`: the sweep's unfinished jobs; an experiment with a `resume` key of its own
+    # (gpt_wq: a training run to continue) keeps it, and its sweeps resume with `icl-exp resume SWEEP_DIR`
+    if multirun and any(a.startswith("resume=") for a in args) and not _has_key(name, "resume"):
         from cli.resume import ALLOW_CHANGED, resume_sweep
 
         folder = [a.split("=", 1)[1] for a in args if a.startswith("resume=")][-1]

@@ -79,8 +79,10 @@ def test_multirun_of_two_seeds_is_combined(icl, tmp_path):
     assert jobs == ["0", "1"]
     seeds = [json.loads((sweep / j / "run.json").read_text())["seed"] for j in jobs]
     assert seeds == [0, 1]
-    combined = pd.read_csv(sweep / "claims.csv")
-    assert sorted(combined.job.unique().astype(str)) == ["0", "1"]
+    combined = pd.read_csv(sweep / "claims.csv")  # a sweep over seeds alone: one row per claim, over both seeds
+    per_job = [pd.read_csv(sweep / j / "claims.csv") for j in jobs]
+    assert combined.id.is_unique and set(combined.id) == set(per_job[0].id)
+    assert (combined.n_seeds == 2).all() and (combined.seeds.astype(str) != "").all()
     assert (sweep / "figures" / f"{FIGURE}.png").is_file()
     (sweep / "figures" / f"{FIGURE}.png").unlink()
     proc = icl("plot", str(sweep))

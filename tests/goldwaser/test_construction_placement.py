@@ -14,6 +14,7 @@ from experiments.core.report.text import CONSTRUCTION_NOTE, is_construction
 from tests.in_process import run_claims
 
 PROMPT = "prompt=Write a haiku about snow."
+RECORD = "goldwaser.record."  # the with-context pass against an uncached forward: the same in every variant
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +32,8 @@ def closed_loop_runs(tmp_path_factory):
 
 def test_every_claim_a_closed_loop_makes_is_a_construction_with_a_control_that_can_fail(closed_loop_runs):
     _, claims = closed_loop_runs
-    for name, table in claims.items():
-        assert all(is_construction(i) for i in table.index), (name, list(table.index))
+    for name, table in claims.items():  # but the with-context side's own check, which no variant touches
+        assert all(is_construction(i) or i.startswith(RECORD) for i in table.index), (name, list(table.index))
     assert "goldwaser.construction.moe_same_experts_closed_loop" in claims["moe"].index
     assert {"goldwaser.construction.export.every_layer", "goldwaser.construction.export.every_layer_control",
             "goldwaser.construction.export.last_layer_control_logits"} <= set(claims["export"].index)
@@ -48,5 +49,5 @@ def test_no_construction_above_the_note_in_any_report(closed_loop_runs):
         note = page.index(CONSTRUCTION_NOTE.split(":")[0] + ":")
         for table in claims.values():
             for claim in table.index:
-                if claim in page:
+                if claim in page and not claim.startswith(RECORD):
                     assert page.index(claim) > note, claim

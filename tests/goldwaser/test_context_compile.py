@@ -93,13 +93,15 @@ def test_k_beyond_the_reply_is_one_line_with_the_limit():
         require_positions(6, 5, 0)
 
 
-def test_architecture_without_a_rule_names_the_supported_ones(tmp_path):
-    from transformers import PhiConfig
+def test_architecture_without_a_rule_is_one_line(tmp_path):
+    """A family with no adapter file whose module tree fits no Table 1 form (Mamba: no MLP after its mixer) is
+    refused in one line before any weight is read, and no output folder is made."""
+    from transformers import MambaConfig
 
-    folder = tmp_path / "phi"
-    PhiConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2).save_pretrained(folder)
+    folder = tmp_path / "mamba"
+    MambaConfig(hidden_size=32, state_size=8, num_hidden_layers=1).save_pretrained(folder)
     res = run_cli("patch", "compile", f"model={folder}", f"out={tmp_path / 'y'}")
-    _one_line_error(res, "'phi'", "supported:", "llama", "gpt2")
+    _one_line_error(res, "'mamba'", "no MLP after")
     assert not (tmp_path / "y").exists()
 
 
