@@ -39,11 +39,13 @@ def write_adapter(folder: Path, factors: dict[str, tuple], rank: int, base: str,
     from peft import LoraConfig
     from safetensors.torch import save_file
 
+    from experiments.core.atomic import save_pretrained, write_atomic
+
     if not factors:
         raise UserError("format=peft: the compiled change is zero: there is no adapter to write")
     config = LoraConfig(r=rank, lora_alpha=rank, target_modules=sorted(factors), lora_dropout=0.0, bias="none",
                         base_model_name_or_path=base)
-    config.save_pretrained(str(folder))
+    save_pretrained(config, Path(folder))
     tensors = {}
     for module, (a, b) in factors.items():
         pad = rank - a.shape[0]  # a module whose ΔW has fewer directions than the rank: zero rows, no change
@@ -51,7 +53,7 @@ def write_adapter(folder: Path, factors: dict[str, tuple], rank: int, base: str,
         b = torch.cat([b, b.new_zeros(b.shape[0], pad)], 1) if pad else b
         tensors[f"base_model.model.{module}.lora_A.weight"] = a.to(dtype).contiguous()
         tensors[f"base_model.model.{module}.lora_B.weight"] = b.to(dtype).contiguous()
-    save_file(tensors, str(Path(folder) / ADAPTER_WEIGHTS))
+    write_atomic(Path(folder) / ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, str(tmp)))
 
 
 class PeftOnBase:

@@ -7,8 +7,6 @@ patch they are a construction (least squares at those very positions)."""
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 from omegaconf import DictConfig
 
@@ -47,13 +45,11 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
               "the prompt has an effect the check sees: on held-out queries, the pass rate of the model given the "
               f"system prompt against the unprompted model's, {interval} ({where})", above_control("reference"),
               ">=", margin, measure="lo(prompted) − hi(control)")
-    beats = {}
     for x in measured:
-        beats[x] = ctx.check(f"system_compile.heldout.{x}_kl_below_control", REF,
-                             f"{METHOD_WORDS[x]}, fed held-out queries without the system prompt: its mean "
-                             "next-token KL(prompted ‖ it) along the prompted model's greedy reply, over the "
-                             f"unprompted model's (control); bar: kl_ratio= ({where})", kl[x] / kl["control"], "<=",
-                             ratio, measure=f"KL({x}) / KL(control)")
+        ctx.check(f"system_compile.heldout.{x}_kl_below_control", REF,
+                  f"{METHOD_WORDS[x]}, fed held-out queries without the system prompt: its mean next-token "
+                  "KL(prompted ‖ it) along the prompted model's greedy reply, over the unprompted model's (control); "
+                  f"bar: kl_ratio= ({where})", kl[x] / kl["control"], "<=", ratio, measure=f"KL({x}) / KL(control)")
         ctx.check(f"system_compile.heldout.{x}_behaviour_above_control", REF,
                   f"{METHOD_WORDS[x]}: the behaviour check's pass rate on its free greedy generations from held-out "
                   f"queries against the control's, {interval} ({where})", above_control(x), ">=", margin,
@@ -61,12 +57,14 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
     if {"analytic", "bake"} <= set(measured):
         # a comparison between two methods means something only when both learned the prompt: a bake that
         # did nothing "beats" a harmful analytic patch, and a good bake "beats" a broken one
-        both = beats["analytic"] and beats["bake"]
+        # so the measure is the largest of the three ratios held to the one bar: KL(bake) / KL(analytic), and
+        # each method's KL over the control's; it passes only when all three do, and stays a finite number
+        worst = max(kl["bake"] / kl["analytic"], kl["analytic"] / kl["control"], kl["bake"] / kl["control"])
         ctx.check("system_compile.heldout.bake_kl_below_analytic", REF,
-                  "training beats the construction on queries neither saw: the baked LoRA's mean held-out KL over "
-                  "the analytic patch's, counted only when both are below the control's bar (inf otherwise); bar: "
-                  f"kl_ratio= ({where})", kl["bake"] / kl["analytic"] if both else math.inf, "<=", ratio,
-                  measure="KL(bake) / KL(analytic)")
+                  "training beats the construction on queries neither saw, both below the control: the largest of "
+                  "the baked LoRA's mean held-out KL over the analytic patch's and each one's over the control's; "
+                  f"bar: kl_ratio= ({where})", worst, "<=", ratio,
+                  measure="max KL ratio (bake/analytic, each/control)")
     reload = m[m["metric"] == "reload_logit_linf_rel"]
     if len(reload):
         dtype = str(m["dtype"].dropna().iloc[0])
