@@ -10,11 +10,12 @@ from pathlib import Path
 
 # Downloaded as wheels (all pure Python); the versions the project's pyproject.toml allows
 DOWNLOAD = ("hydra-core>=1.3.2,<1.4", "omegaconf>=2.3,<2.4", "hydra-joblib-launcher>=1.2",
-            "hydra-submitit-launcher>=1.2", "submitit>=1.5", "cloudpickle>=2")  # cloudpickle: submitit's
+            "hydra-submitit-launcher>=1.2", "submitit>=1.5", "cloudpickle>=2",  # cloudpickle: submitit's
+            "py3langid>=0.3")  # system_compile's language checks: not in a stock GPU image
 # omegaconf 2.3 needs exactly this one, and the registry has only its source: a wheel is built from it
 BUILD = ("antlr4-python3-runtime==4.9.3",)
 # what must import on the box before any step runs (the module each wheel provides)
-NEEDED = ("hydra", "omegaconf", "antlr4", "hydra_plugins.hydra_joblib_launcher")
+NEEDED = ("hydra", "omegaconf", "antlr4", "hydra_plugins.hydra_joblib_launcher", "py3langid")
 
 
 def unpack(wheel_dir: Path, target: Path) -> list[str]:
