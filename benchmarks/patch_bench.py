@@ -93,6 +93,16 @@ class Meter:
         return torch.cuda.max_memory_allocated(self.device) / 2**20
 
 
+def bench_device(name: str):
+    """`cuda` made cuda:K (the current GPU) and current, as a run does: torch.cuda.set_device refuses a device
+    without an index (the first GPU check on an H200 failed here)."""
+    import torch
+
+    from experiments.core.runtime import use_device
+
+    return use_device(torch.device(name))
+
+
 def load(model_name: str, dtype_name: str, device: str, threads: int):
     import gc
 
@@ -104,9 +114,7 @@ def load(model_name: str, dtype_name: str, device: str, threads: int):
     from experiments.zoo.loading import load_model
     from experiments.zoo.prompts import encode_prompt
 
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+    dev = bench_device(device)
     bundle = load_model(model_name, resolve_dtype(dtype_name), dev, seed=0)
     inputs = encode_prompt(bundle, PROMPT, device=dev)
     gc.collect()

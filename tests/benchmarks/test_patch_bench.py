@@ -31,3 +31,19 @@ def test_every_mode_and_variant_on_one_model(monkeypatch):
                                                          ("patched", "no_such_variant")]
     assert rows[0]["ms_per_token"] > 0 and rows[1]["ms_per_token"] > 0 and rows[1]["peak_mb"] > 0
     assert "no_such_variant" in rows[2]["error"]
+
+
+def test_a_plain_cuda_device_is_given_its_index_before_set_device(monkeypatch):
+    """torch.cuda.set_device(torch.device("cuda")) raises; the benchmark's `--device cuda` must not reach it."""
+    current = {"k": 0}
+
+    def strict_set_device(device):
+        if not isinstance(device, int) and torch.device(device).index is None:
+            raise ValueError("Expected a torch.device with a specified index or an integer")
+        current["k"] = device if isinstance(device, int) else torch.device(device).index
+
+    monkeypatch.setattr(torch.cuda, "set_device", strict_set_device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current["k"])
+    assert patch_bench.bench_device("cuda") == torch.device("cuda", 0)
+    assert patch_bench.bench_device("cuda:3") == torch.device("cuda", 3) and current["k"] == 3
+    assert patch_bench.bench_device("cpu") == torch.device("cpu")

@@ -44,6 +44,8 @@ def _fake_cuda(n: int) -> None:
         return k
 
     def set_device(device) -> None:
+        if not isinstance(device, int) and torch.device(device).index is None:  # as torch refuses it
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
         state["current"] = index(device)
 
     torch.cuda.is_available = lambda: True
