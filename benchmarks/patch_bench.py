@@ -4,6 +4,7 @@ Qwen2.5-Coder 0.5B, and the real 1B shapes with random weights.
     python benchmarks/patch_bench.py [--model gemma-3-270m|qwen2.5-0.5b|gemma3-1b-random|llama3.2-1b-random]
                                      [--variant closed_loop[,stable,...]] [--dtype float32] [--tokens 8]
                                      [--device cpu|cuda[:K]] [--modes generate,patched,compare] [--json OUT]
+                                     [--apply materialized[,action]]
 
 Targets: gemma-3-270m (issue 20) and qwen2.5-0.5b (issue 32: the same, beside it) patched generation ≤ 1.8×
 stock `generate`'s time per token and ≤ 1.2× its peak memory; the 1B shapes (issue 8) ≤ 3× and ≤ 1.5×.
@@ -18,7 +19,8 @@ CUDA context are not counted). Modes, time per token (the prefill not counted):
   picks every token; the with-context decoder body (KV-cached, no LM head) gives the targets; median;
 - compare: the patch_match experiment's step (`generate.compare_generation`, no control): the same plus
   the with-context logits it compares against; median.
-Prints a table; not a test.
+`--apply`: how a matrix's rank-1 patch reaches the forward (patcher.py): materialized (W + ΔW rounded, written)
+and/or action (W untouched, c (vᵀz) added to the module's output; the open loop only). Prints a table; not a test.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def load(model_name: str, dtype_name: str, device: str, threads: int):
     return bundle, inputs
 
 
-def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter) -> dict:
+def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, apply: str = "materialized") -> dict:
     import torch
 
     from experiments.patching.generate import compare_generation, patched_generate
@@ -140,7 +142,7 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter) 
             timed(1)  # warm-up
             times = [(timed(tokens + 1) - timed(1)) / tokens for _ in range(REPEATS)]
         else:  # the per-token timers of generate.py synchronize CUDA themselves
-            patcher = Patcher(bundle.model, variant)
+            patcher = Patcher(bundle.model, variant, apply)
             if mode == "patched":
                 steps = list(patched_generate(patcher, inputs, tokens + 1))[1:]  # the first step warmed up
                 times, context = [st.ms for st in steps], [st.context_ms for st in steps]
@@ -148,23 +150,30 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter) 
                 steps = list(compare_generation(patcher, inputs, tokens + 1, control=False))[1:]
                 times, context = [st.patched_ms for st in steps], [st.baseline_ms for st in steps]
             parts = {"context_ms": median(context), "patch_ms": median([st.patch_ms for st in steps])}
-    return {"mode": mode, "variant": None if mode == "generate" else variant, "ms_per_token": median(times),
+    return {"mode": mode, "variant": None if mode == "generate" else variant,
+            "apply": None if mode == "generate" else apply, "ms_per_token": median(times),
             "mean_ms": sum(times) / len(times), **parts, "peak_mb": meter.peak_mb(), "after_load_mb": held,
             "threads": torch.get_num_threads(), "device": str(meter.device)}
 
 
+def cases(mode: str, variants: list[str], applies: list[str]) -> list[tuple[str, str]]:
+    """The (variant, apply) pairs a mode is measured for: stock `generate` once."""
+    return [(variants[0], applies[0])] if mode == "generate" else [(v, a) for v in variants for a in applies]
+
+
 def one_process(args: argparse.Namespace, modes: list[str], variants: list[str]) -> list[dict]:
-    """Every (mode, variant) on one loaded model, in this process (CUDA), or one mode of one variant (the
-    CPU's subprocess per mode)."""
+    """Every (mode, variant, apply) on one loaded model, in this process (CUDA), or one mode of one variant
+    (the CPU's subprocess per mode)."""
     bundle, inputs = load(args.model, args.dtype, args.device, args.threads)
     meter = Meter(args.device)
     rows = []
     for mode in modes:
-        for variant in (variants[:1] if mode == "generate" else variants):
+        for variant, apply in cases(mode, variants, args.apply.split(",")):
             try:
-                rows.append(measure(mode, bundle, inputs, args.tokens, variant, meter))
+                rows.append(measure(mode, bundle, inputs, args.tokens, variant, meter, apply))
             except Exception as err:  # one variant that fails (or runs out of memory) leaves the others
-                rows.append({"mode": mode, "variant": variant, "error": f"{type(err).__name__}: {err}"})
+                rows.append({"mode": mode, "variant": variant, "apply": apply,
+                             "error": f"{type(err).__name__}: {err}"})
     return rows
 
 
@@ -174,9 +183,10 @@ def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> 
     root = Path(__file__).resolve().parents[1]
     rows = []
     for mode in modes:
-        for variant in (variants[:1] if mode == "generate" else variants):
+        for variant, apply in cases(mode, variants, args.apply.split(",")):
             cmd = [sys.executable, __file__, "--mode", mode, "--model", args.model, "--dtype", args.dtype,
-                   "--variant", variant, "--tokens", str(args.tokens), "--threads", str(args.threads)]
+                   "--variant", variant, "--apply", apply, "--tokens", str(args.tokens),
+                   "--threads", str(args.threads)]
             res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
             rows.extend(json.loads(res.stdout.strip().splitlines()[-1]))
     return rows
@@ -186,19 +196,19 @@ def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
     plain = rows[0]
     memory = "peak MB (max_memory_allocated)" if args.device.startswith("cuda") else "peak RSS MB"
     print(f"{args.model} {args.dtype} on {args.device}, {args.tokens} tokens, {plain.get('threads')} torch threads")
-    print(f"{'mode':<10}{'variant':<20}{'ms/token (median)':>20}{'mean ms':>10}{'after load MB':>15}"
+    print(f"{'mode':<10}{'variant':<20}{'apply':<14}{'ms/token (median)':>20}{'mean ms':>10}{'after load MB':>15}"
           f"{memory:>32}{'time ×stock':>13}{'peak ×stock':>13}")
     for r in rows:
         if "error" in r:
-            print(f"{r['mode']:<10}{r['variant'] or '':<20}  {r['error']}")
+            print(f"{r['mode']:<10}{r['variant'] or '':<20}{r.get('apply') or '':<14}  {r['error']}")
             continue
-        print(f"{r['mode']:<10}{r['variant'] or '':<20}{r['ms_per_token']:>20.1f}{r['mean_ms']:>10.1f}"
-              f"{r['after_load_mb']:>15.0f}{r['peak_mb']:>32.0f}{r['ms_per_token'] / plain['ms_per_token']:>13.2f}"
+        print(f"{r['mode']:<10}{r['variant'] or '':<20}{r.get('apply') or '':<14}"
+              f"{r['ms_per_token']:>20.1f}{r['mean_ms']:>10.1f}{r['after_load_mb']:>15.0f}{r['peak_mb']:>32.0f}{r['ms_per_token'] / plain['ms_per_token']:>13.2f}"
               f"{r['peak_mb'] / plain['peak_mb']:>13.2f}")
     for r in rows[1:]:
         if "error" not in r:
-            print(f"{r['mode']} {r['variant']}: with-context step {r['context_ms']:.1f} ms + patches and patched "
-                  f"forward {r['patch_ms']:.1f} ms (medians)")
+            print(f"{r['mode']} {r['variant']} {r.get('apply')}: with-context step {r['context_ms']:.1f} ms + patches "
+                  f"and patched forward {r['patch_ms']:.1f} ms (medians)")
     time_x, memory_x = TARGETS.get(args.model, DEFAULT_TARGET)
     print(f"targets: patched time ≤ {time_x}× stock generate, peak memory ≤ {memory_x}×")
 
@@ -208,6 +218,7 @@ def main() -> None:
     ap.add_argument("--model", default="gemma3-1b-random")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--variant", default="closed_loop", help="one variant, several (naive,stable,...), or all")
+    ap.add_argument("--apply", default="materialized", help="materialized, action, or both (materialized,action)")
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:K (synchronized timings, GPU memory)")

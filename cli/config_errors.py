@@ -83,7 +83,10 @@ def ill_typed(key: str, value: Any, node: Any, parent: Any = None) -> str:
     `node` is the typed node that refused `value`; for an item of a typed list there is none, and the
     list (`parent`) says the items' type."""
     if isinstance(node, EnumNode):
-        return f"{key}={value!r} is not one of {', '.join(node._metadata.ref_type.__members__)}"
+        names = list(node._metadata.ref_type.__members__)
+        close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+        mean = f"; did you mean {key}={close[0]}?" if close else ""
+        return f"{key}={value!r} is not one of {', '.join(names)}{mean}"
     if isinstance(node, ListConfig):
         return f"{key}={value!r} is ill-typed: expected a list like [a,b]"
     if node is None and isinstance(parent, ListConfig):

@@ -36,7 +36,7 @@ def validate_model(cfg: DictConfig) -> None:
     variant applies, it fits in memory, an image comes with a vision model."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.patching.arch import adapter_for
-    from experiments.patching.variants import check_variant
+    from experiments.patching.variants import check_apply, check_variant
     from experiments.zoo.loading import check_model
 
     if cfg.variant is not None and cfg.variant not in VARIANTS:
@@ -47,7 +47,9 @@ def validate_model(cfg: DictConfig) -> None:
     config = check_model(str(cfg.model), resolve_dtype(str(cfg.get("dtype", "float32"))),
                          resolve_device(str(cfg.get("device", "auto"))))
     if cfg.variant is not None:  # None: the experiment picks one for the family (patch_export)
-        check_variant(adapter_for(config.model_type), str(cfg.variant))
+        variant = check_variant(adapter_for(config.model_type), str(cfg.variant))
+        if "apply" in cfg:
+            check_apply(adapter_for(config.model_type), variant, str(cfg.apply))
     if image and config.model_type != "gemma3":
         raise UserError(f"image=... needs a multimodal Gemma 3 (e.g. model=google/gemma-3-4b-it or "
                         f"model=tiny-gemma3-vision); {cfg.model} is text-only")

@@ -47,6 +47,7 @@ from experiments.goldwaser.common import (
 )
 from experiments.goldwaser.patch_match_plots import CONTEXT_IMAGE, PAPER_BF16_MATCH, plot
 from experiments.patching.compare import CACHED_ROUNDING, LAYER_EXACT, RECORD_DECADES, rounding_bar
+from experiments.patching.kinds import ACTION, ADVANCE_CONTEXT, ADVANCE_PATCHED, MATERIALIZED
 from experiments.patching.variants import VARIANTS
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ def validate(cfg: DictConfig) -> None:
     if str(cfg.get("stock_check", "auto")) != "auto" and VARIANTS[cfg.variant].evidence:
         raise UserError(f"stock_check={cfg.stock_check} is for the closed loop only: variant={cfg.variant}'s "
                         "patched pass already is the model's stock forward of weights computed before it runs")
+    if str(cfg.apply) == ACTION and not VARIANTS[cfg.variant].evidence:  # before the model is looked at
+        raise UserError(f"apply=action is for the open loop (naive, stable, conditioned): variant={cfg.variant} "
+                        "solves each layer inside the pass for its rounded weights; use apply=materialized")
     if cfg.sampling not in SAMPLING:
         raise UserError(f"sampling={cfg.sampling!r} is not one of {', '.join(SAMPLING)}")
     require_positive(cfg, "max_new_tokens")
@@ -99,7 +103,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
     with threads_for(bundle.model):
         compare_all(cfg, ctx, bundle)
-    check_claims(ctx, ctx.metrics(), ctx.dtype, cfg.variant, bool(cfg.control), str(cfg.model))
+    check_claims(ctx, ctx.metrics(), ctx.dtype, cfg.variant, bool(cfg.control), str(cfg.model),
+                 str(cfg.apply), str(cfg.advance))
     flag_random_weights(ctx, str(cfg.model))
 
 
@@ -117,14 +122,15 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
     if image is not None:
         image.save(ctx.path(CONTEXT_IMAGE))
     prompts = prompt_list(cfg)
-    patcher = Patcher(bundle.model, cfg.variant)
-    log.info("model %s: %s, %s; %s, variant %s", cfg.model, describe_model(patcher), weights_origin(str(cfg.model)),
-             dtype_name(ctx.dtype), cfg.variant)
+    patcher = Patcher(bundle.model, cfg.variant, str(cfg.apply))
+    log.info("model %s: %s, %s; %s, variant %s, apply=%s, advance=%s", cfg.model, describe_model(patcher),
+             weights_origin(str(cfg.model)), dtype_name(ctx.dtype), cfg.variant, cfg.apply, cfg.advance)
     choose = greedy if cfg.sampling == "greedy" else coupled_sampler(
         torch.Generator().manual_seed(int(cfg.seed)), float(cfg.temperature))
     stop_ids = stop_token_ids(bundle) if cfg.stop_at_eos else set()
     index = dict(model=str(cfg.model), family=patcher.adapter.family, dtype=dtype_name(ctx.dtype),
-                 variant=cfg.variant, device=ctx.device.type, context="image" if image is not None else "text")
+                 variant=cfg.variant, apply=str(cfg.apply), advance=str(cfg.advance), device=ctx.device.type,
+                 context="image" if image is not None else "text")
     stock_at = STOCK_CHECK[stock_check(str(cfg.get("stock_check", "auto")), bundle.model, cfg.variant)]
     encoded = [encode_prompt(bundle, text, image, bool(cfg.chat_template), ctx.device) for text in prompts]
     check_context_length(bundle.model.config, [e["input_ids"].shape[1] for e in encoded], int(cfg.max_new_tokens))
@@ -132,7 +138,7 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
         for p, inputs in enumerate(encoded):
             steps = matches = 0
             for st in compare_generation(patcher, inputs, int(cfg.max_new_tokens), choose, stop_ids,
-                                         bool(cfg.control), stock_at, check_cache=True):
+                                         bool(cfg.control), stock_at, check_cache=True, advance=str(cfg.advance)):
                 log_step(ctx, st, token_text(bundle.tokenizer, st.token_id), prompt=p, **index)
                 ctx.sample(token_sample(bundle.tokenizer, st.step, st.context, st.patched.logits,
                                         st.control.logits if st.control is not None else None, st.token_id,
@@ -187,30 +193,39 @@ def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
                 ctx.log(f"{name}_hidden_rel", rel, layer=layer, **idx)
 
 
-def check_claims(ctx: RunContext, m: pd.DataFrame, dtype, variant: str, control: bool, model: str) -> None:
+def run_tag(variant: str, apply: str, advance: str) -> str:
+    """The variant, with `_action` (apply=action) and `_own_text` (advance=patched) where they are not the
+    defaults: the claims of a sweep over them stay apart, and the defaults' ids stay the paper's."""
+    return variant + ("_action" if apply == ACTION else "") + ("_own_text" if advance == ADVANCE_PATCHED else "")
+
+
+def check_claims(ctx: RunContext, m: pd.DataFrame, dtype, variant: str, control: bool, model: str,
+                 apply: str = MATERIALIZED, advance: str = ADVANCE_CONTEXT) -> None:
     """The claims for this run's dtype and variant. Both sides of each are independent: the model's own forward
     with the context against the patched weights' own forward without it, each layer's output against a
     record no solver was handed. An open loop's claims are the paper's; a closed loop's are labelled
-    construction, each beside the control that would agree as well if it proved nothing."""
+    construction, each beside the control that would agree as well if it proved nothing. A claim's id names
+    the variant, and the way of applying and advancing where they are not the defaults (`run_tag`)."""
+    tag = run_tag(variant, apply, advance)
     if VARIANTS[variant].evidence:
-        _evidence_claims(ctx, m, dtype, variant, control, model)
+        _evidence_claims(ctx, m, dtype, variant, control, model, tag)
     else:
-        _construction_claims(ctx, m, dtype, variant, model)
+        _construction_claims(ctx, m, dtype, variant, model, tag)
     if "routing_changed" in set(m["metric"]) and metric(m, "top1_match")["family"].iloc[0] == "Mixtral" \
             and dtype_name(dtype) != "bfloat16":
         kind = "goldwaser.table1" if VARIANTS[variant].evidence else "goldwaser.construction"
-        ctx.check(f"{kind}.moe_same_experts_{variant}", TABLE1 + " Thm 11",
+        ctx.check(f"{kind}.moe_same_experts_{tag}", TABLE1 + " Thm 11",
                   f"the patched router picks the same experts as with the context: layers x tokens where it "
-                  f"did not ({model}, {dtype_name(dtype)}, {variant})", metric(m, "routing_changed")["value"].sum(),
+                  f"did not ({model}, {dtype_name(dtype)}, {tag})", metric(m, "routing_changed")["value"].sum(),
                   "<=", 0.0)
     if "cached_vs_uncached_logit_linf_rel" in set(m["metric"]):
         cached_claim(ctx, m, dtype, model)
     if "stock_vs_patched_logit_linf_rel" in set(m["metric"]) and dtype_name(dtype) != "bfloat16":
         kind = "goldwaser.fig3" if VARIANTS[variant].evidence else "goldwaser.construction"
-        ctx.check(f"{kind}.{variant}_{dtype_name(dtype)}_stock_forward", SOURCE + " (a stock forward of the patch)",
+        ctx.check(f"{kind}.{tag}_{dtype_name(dtype)}_stock_forward", SOURCE + " (a stock forward of the patch)",
                   f"the patched weights written into the model's own parameters and run by its stock forward (no "
                   f"hooks) give the patched pass's logits: max |Δlogit| / max |logit| at the checked tokens "
-                  f"({model}, {dtype_name(dtype)}, {variant})",
+                  f"({model}, {dtype_name(dtype)}, {tag})",
                   metric(m, "stock_vs_patched_logit_linf_rel")["value"].max(), "<=", rounding_bar(dtype))
 
 
@@ -226,69 +241,69 @@ def cached_claim(ctx: RunContext, m: pd.DataFrame, dtype, model: str) -> None:
               metric(m, "cached_vs_uncached_logit_linf_rel")["value"].max(), "<=", CACHED_ROUNDING[name])
 
 
-def _evidence_claims(ctx, m, dtype, variant, control, model) -> None:
+def _evidence_claims(ctx, m, dtype, variant, control, model, tag) -> None:
     name = dtype_name(dtype)
-    where = f"{model}, {name}, {variant}"
+    where = f"{model}, {name}, {tag}"
     match = 100.0 * metric(m, "top1_match")["value"].mean()
     rel = metric(m, "logit_linf_rel")["value"].max()
     if name in ("float32", "float64"):
-        ctx.check(f"goldwaser.fig3.{variant}_{name}_top1_match", SOURCE + " Fig 3",
+        ctx.check(f"goldwaser.fig3.{tag}_{name}_top1_match", SOURCE + " Fig 3",
                   f"patched model without context picks the same top-1 token as the model with it, "
                   f"every generated token, % ({where})", match, ">=", 100.0, paper_value=100.0)
-        ctx.check(f"goldwaser.table1.{variant}_{name}_rounding", TABLE1,
+        ctx.check(f"goldwaser.table1.{tag}_{name}_rounding", TABLE1,
                   f"next-token logits at rounding level: max |Δlogit| / max |logit| over all tokens ({where})",
                   rel, "<=", rounding_bar(name))
     elif name == "bfloat16":
         paper = PAPER_BF16_MATCH.get(variant)
         bar = paper if paper is not None else PAPER_BF16_MATCH["stable"]  # conditioned: the paper's best
-        ctx.check(f"goldwaser.fig4.{variant}_bfloat16_top1_match", SOURCE + " Fig 3–4",
+        ctx.check(f"goldwaser.fig4.{tag}_bfloat16_top1_match", SOURCE + " Fig 3–4",
                   f"bfloat16 top-1 token agreement, % of generated tokens; the paper measured on TPU with "
                   f"Gemma 3 1B ({where})", match, ">=", bar, paper_value=paper)
     if control:
         ratio = (metric(m, "control_logit_linf")["value"].median()
                  / max(metric(m, "logit_linf")["value"].median(), 1e-300))
-        ctx.check(f"goldwaser.fig3.{variant}_{name}_control_differs", SOURCE + " (control)",
+        ctx.check(f"goldwaser.fig3.{tag}_{name}_control_differs", SOURCE + " (control)",
                   f"the control (unpatched model, no context) is far off where the patched one is close: log10 "
                   f"of the median logit L∞ ratio control / patched ({where})", math.log10(ratio), ">=", 1.0)
 
 
-def _construction_claims(ctx, m, dtype, variant, model) -> None:
+def _construction_claims(ctx, m, dtype, variant, model, tag) -> None:
     """A closed loop: its logit agreement beside its last-layer control's (which agrees as well: that is why
     neither is evidence), and what can tell them apart, the per-layer error against the record."""
     name = dtype_name(dtype)
-    where = f"{model}, {name}, {variant}"
+    where = f"{model}, {name}, {tag}"
     if name == "bfloat16":
-        ctx.check(f"goldwaser.construction.{variant}_bfloat16_top1_match", f"{SOURCE} ({CONSTRUCTION})",
+        ctx.check(f"goldwaser.construction.{tag}_bfloat16_top1_match", f"{SOURCE} ({CONSTRUCTION})",
                   f"closed loop, solved for the with-context output at every layer: top-1 agreement, % of generated "
                   f"tokens; agreement by design ({where})", 100.0 * metric(m, "top1_match")["value"].mean(), ">=",
                   PAPER_BF16_MATCH["stable"])
         if "last_layer_top1_match" in set(m["metric"]):
-            ctx.check(f"goldwaser.construction.{variant}_bfloat16_last_layer_control_top1",
+            ctx.check(f"goldwaser.construction.{tag}_bfloat16_last_layer_control_top1",
                       f"{SOURCE} ({CONSTRUCTION})",
                       f"its control, the closed loop at the last layer alone, agrees as well: top-1 agreement, % "
                       f"({where})", 100.0 * metric(m, "last_layer_top1_match")["value"].mean(), ">=",
                       PAPER_BF16_MATCH["stable"])
     else:
-        ctx.check(f"goldwaser.construction.{variant}_{name}_logits", f"{TABLE1} ({CONSTRUCTION})",
+        ctx.check(f"goldwaser.construction.{tag}_{name}_logits", f"{TABLE1} ({CONSTRUCTION})",
                   f"closed loop: next-token logits at rounding level, max |Δlogit| / max |logit|; exact by design, "
                   f"since each layer is solved for the with-context output ({where})",
                   metric(m, "logit_linf_rel")["value"].max(), "<=", rounding_bar(name))
         if "last_layer_logit_linf_rel" in set(m["metric"]):
-            ctx.check(f"goldwaser.construction.{variant}_{name}_last_layer_control_logits",
+            ctx.check(f"goldwaser.construction.{tag}_{name}_last_layer_control_logits",
                       f"{TABLE1} ({CONSTRUCTION})",
                       f"its control, the closed loop at the last layer alone (every other layer unpatched), reaches "
                       f"the with-context logits as well: max |Δlogit| / max |logit| ({where})",
                       metric(m, "last_layer_logit_linf_rel")["value"].max(), "<=", rounding_bar(name))
     if "last_layer_hidden_rel" not in set(m["metric"]):
         return
-    ctx.check(f"goldwaser.construction.{variant}_{name}_every_layer", f"{TABLE1} ({CONSTRUCTION})",
+    ctx.check(f"goldwaser.construction.{tag}_{name}_every_layer", f"{TABLE1} ({CONSTRUCTION})",
               f"closed loop: every layer's output against the independent record of the with-context pass, max "
               f"relative error over layers and tokens ({where})", metric(m, "hidden_rel")["value"].max(), "<=",
               LAYER_EXACT[name])
     last = metric(m, "last_layer_hidden_rel")
     last = last[last["layer"] < last["layer"].max()]  # the layers it leaves unpatched
     ratio = last["value"].median() / max(metric(m, "hidden_rel")["value"].max(), 1e-300)
-    ctx.check(f"goldwaser.construction.{variant}_{name}_every_layer_control", f"{TABLE1} ({CONSTRUCTION})",
+    ctx.check(f"goldwaser.construction.{tag}_{name}_every_layer_control", f"{TABLE1} ({CONSTRUCTION})",
               f"what tells the closed loop from its control: log10 of the control's median per-layer error against "
               f"the record (layers before the last) over the closed loop's largest ({where})",
               math.log10(max(ratio, 1e-300)), ">=", RECORD_DECADES[name], measure="log10(control / closed loop)")

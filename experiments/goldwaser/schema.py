@@ -14,10 +14,13 @@ from typing import Any
 
 from experiments.core.config_schema import default, experiment_schema
 from experiments.goldwaser.system_compile.schema import SystemCompileConfig  # its own module
+from experiments.patching.kinds import ADVANCE_MODES, APPLY_MODES
 from experiments.patching.variants import VARIANTS
 
 # experiments/patching/variants.py's VARIANTS, in its order: the registry is the one list of names (torch-free)
 PatchVariant = StrEnum("PatchVariant", {name: name for name in VARIANTS})
+PatchApply = StrEnum("PatchApply", {name: name for name in APPLY_MODES})
+TextAdvance = StrEnum("TextAdvance", {name: name for name in ADVANCE_MODES})
 
 
 # Fig. 3's prompt (patch_match's, patch_export's, and one of layer_errors')
@@ -36,6 +39,11 @@ class PatchMatch:
     # C·sign(d_C): Eq. 4 divides by ±1); stable and conditioned need a post-MLP norm (Gemma 3, OLMo 2).
     # A construction, exact by design (its last-layer control runs beside it): closed_loop | closed_loop_scale
     variant: PatchVariant = PatchVariant.naive
+    # how a matrix's rank-1 patch reaches the forward: materialized (W + ΔW rounded to the model's dtype, the
+    # paper's weight update) | action (W·z + c (vᵀz) in the model's dtype, W untouched; open loop, no MoE)
+    apply: PatchApply = PatchApply.materialized
+    # the token the text goes on with: context (the with-context model's, §4.1) | patched (the patched model's own)
+    advance: TextAdvance = TextAdvance.context
     prompt: str = MARS_PROMPT
     # More generations for Fig. 4: a list, or a text file path with one prompt a line.
     prompts: Any = default([

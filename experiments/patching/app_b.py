@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from experiments.patching.app_b_inversion import invert_rms_norm
 from experiments.patching.lemmas import divide_or_zero, sign_pre_norm_target
-from experiments.patching.rounded import add_outer_rounded
+from experiments.patching.rounded import add_outer_rounded, patched_linear
 from experiments.patching.rules import LayerPatchStats
 from experiments.patching.rules.scale import scale_input
 
@@ -42,7 +42,7 @@ def stable_down_and_scale(adapter, layer: nn.Module, target, dv: Tensor, bufs, c
     out = bufs.out(adapter.pre_norm_matrix, W)  # step 2: ΔW_down = δ h_Cᵀ / ‖h_C‖²
     add_outer_rounded(W, (h_target - d_c).to(cdt), h_c / h_c.square().sum(), out, cdt=cdt)
     # step 3: the remainder, against what the rounded W_down really outputs for h_C
-    h_down = nn.functional.linear(target.values["h"], out, down.bias)
+    h_down = patched_linear(target.values["h"], out, down.bias)
     f_new = scale_input(post, h_down, cdt).double()
     dm, div_zero = divide_or_zero(g - m * f_new, f_new)
     dm = dm.to(cdt)

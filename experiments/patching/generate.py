@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from experiments.patching.kinds import ADVANCE_CONTEXT, ADVANCE_MODES, ADVANCE_PATCHED
 from experiments.patching.patcher import PatchedPass, Patcher
 from experiments.patching.variants import CLOSED, VARIANTS, ClosedLoopLastLayer
 
@@ -96,14 +97,17 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
                        choose: Callable[[Tensor, Tensor], tuple[int, int]] = greedy,
                        stop_ids: set[int] | None = None, control: bool = True,
                        stock_at: Callable[[int], bool] = lambda step: False,
-                       check_cache: bool = False) -> Iterator[Step]:
+                       check_cache: bool = False, advance: str = ADVANCE_CONTEXT) -> Iterator[Step]:
     """§4.1: generate with the context; at every step patch for the whole prefix, compare, and go on
-    with the baseline's token (also after a top-1 mismatch). At the steps `stock_at` picks, the patched
+    with the baseline's token (also after a top-1 mismatch), or with `advance="patched"` with the patched
+    model's token (both models then see the patched model's text so far). At the steps `stock_at` picks, the patched
     tensors are also run as stock weights (`Patcher.stock_logits`; a closed loop's check: an open loop's
     patched pass already is that forward). With `control`, the unpatched model without the context; and for
     a closed loop, the closed loop at the last layer alone. With `check_cache`, the last step of the reply
     also runs the whole sequence (prompt and reply so far) uncached (`Step.uncached`), so that a bug upstream
     of the targets (cache, positions, prompt) shows against the KV-cached logits."""
+    if advance not in ADVANCE_MODES:
+        raise ValueError(f"advance={advance!r} is not one of {', '.join(ADVANCE_MODES)}")
     ids = inputs["input_ids"]
     cache, query = _prefill_context(patcher, inputs)
     tokens: list[int] = []
@@ -123,14 +127,15 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
         stock = patcher.stock_logits(query, keep) if keep is not None else None
         last = patcher.patched_pass(query, ctx, variant=last_layer) if last_layer is not None else None
         token, patched_token = choose(ctx.logits, patched.logits)
-        final = step == max_new_tokens - 1 or bool(stop_ids and token in stop_ids)
+        taken = patched_token if advance == ADVANCE_PATCHED else token
+        final = step == max_new_tokens - 1 or bool(stop_ids and taken in stop_ids)
         uncached = uncached_logits(patcher, inputs, tokens) if check_cache and final else None
         yield Step(step, token, patched_token, ctx.logits, patched, ctrl, baseline_ms, patch_ms, control_ms, stock,
                    last, uncached)
-        if stop_ids and token in stop_ids:
+        if stop_ids and taken in stop_ids:
             break
-        tokens.append(token)
-        query = torch.tensor([[token]], device=ids.device)
+        tokens.append(taken)
+        query = torch.tensor([[taken]], device=ids.device)
 
 
 # inputs that run along the sequence, and what a generated (text) token adds to each

@@ -16,3 +16,13 @@ OUTER_WEIGHT = "outer_weight"  # Thm 9: ΔW′ = r yᵀ / ‖y‖², y = the inp
 SCALE = "scale"  # Thm 10: Δm = r ⊘ h, h = the normalized output before the scale
 MOE = "moe"  # Thm 11: each active expert's outer matrix adds r / S
 MOE_BIAS = "moe_bias"  # Thm 8 in Thm 11: each active expert's outer bias adds r / S (rules/moe_bias.py)
+
+# How a matrix's rank-1 patch reaches the patched forward (`apply=`, Patcher; rounded.RankOneAction):
+MATERIALIZED = "materialized"  # W + ΔW rounded once to the model's dtype: the paper's reading of a weight update
+ACTION = "action"  # W·z + c (vᵀz) in the model's dtype: W untouched, the update applied as a low-rank action
+APPLY_MODES = (MATERIALIZED, ACTION)
+
+# Which token the text goes on with when the two models are compared (`advance=`, generate.compare_generation):
+ADVANCE_CONTEXT = "context"  # the with-context model's (§4.1)
+ADVANCE_PATCHED = "patched"  # the patched model's own: an early miss changes every later context
+ADVANCE_MODES = (ADVANCE_CONTEXT, ADVANCE_PATCHED)

@@ -26,6 +26,12 @@ control), so its logit agreement is a construction, not evidence for Theorem 1.
 
 Patch arithmetic is float32 (float64 for float64 models); only W + ΔW is rounded, once. Logits are
 compared in float32, or in float64 for a float64 model (float64 end to end).
+
+How a matrix's rank-1 patch reaches the open loop's forward (`apply`): `materialized` writes W + ΔW rounded
+to the model's dtype (the paper's reading: a weight update), `action` keeps W and the update's factors and
+adds c (vᵀz) to the module's own output, in the model's dtype, by a forward hook on that module (a low-rank
+adapter, as in LoRA; `rounded.RankOneAction`). Both are the model's forward of the query alone; in float64
+they agree to rounding, in bfloat16 they differ by the rounding of W + ΔW, which the action never forms.
 """
 
 from __future__ import annotations
@@ -42,11 +48,12 @@ from torch.func import functional_call
 from experiments.patching.arch import adapter_for
 from experiments.patching.capture import LayerCapture, capture_context, first_output, last_position, record_outputs
 from experiments.patching.compare import logit_dtype
+from experiments.patching.kinds import MATERIALIZED
 from experiments.patching.lemmas import deferred_checks
-from experiments.patching.rounded import PatchBuffers, compute_dtype
+from experiments.patching.rounded import PatchBuffers, RankOneAction, compute_dtype
 from experiments.patching.rules import LayerPatchStats
 from experiments.patching.rules.base import module_input
-from experiments.patching.variants import Variant, check_variant
+from experiments.patching.variants import Variant, check_apply, check_variant
 
 
 @dataclass
@@ -166,14 +173,29 @@ def register_router_capture(adapter, layer: nn.Module, values: dict):
     return layer.get_submodule(path).register_forward_hook(hook)
 
 
+def register_actions(model: nn.Module, actions: dict[str, RankOneAction]) -> list:
+    """apply=action: a forward hook on each patched matrix's module that adds its kept update's action to
+    the module's own output (the module computes W·z itself, from its unchanged W)."""
+    handles = []
+    for name, action in actions.items():
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+
+        def hook(m, args, output, action=action):
+            return output + action.correction(m, args[0])
+
+        handles.append(module.register_forward_hook(hook))
+    return handles
+
+
 # -- the patcher -------------------------------------------------------------------------------------
 class Patcher:
     """Per-token patches for any supported transformers causal LM (see `arch/` and `variants.py`)."""
 
-    def __init__(self, model: nn.Module, variant: str = "naive"):
+    def __init__(self, model: nn.Module, variant: str = "naive", apply: str = MATERIALIZED):
         self.model = model
         self.adapter = adapter_for(model.config.model_type)
         self.variant: Variant = check_variant(self.adapter, variant)
+        self.apply = check_apply(self.adapter, self.variant, apply)
         self.lm = self.adapter.decoder(model)
         self.text_config = self.lm.config
         self.layers = self.adapter.layers(model)
@@ -182,7 +204,7 @@ class Patcher:
         self.logit_dtype = logit_dtype(self.dtype)
         self.bufs = PatchBuffers(dtype=self.dtype)  # the layer being patched (the closed loop: one at a time)
         # the open loop holds every layer's patched tensors at once, each layer's in its own buffers
-        self.layer_bufs = [PatchBuffers(dtype=self.dtype) for _ in self.layers]
+        self.layer_bufs = [PatchBuffers(dtype=self.dtype, apply=self.apply) for _ in self.layers]
         self._calls: dict = {}  # (query length, device) -> each layer's call arguments for the query alone
         names = {id(m): n for n, m in model.named_modules()}
         self.layer_names = [names[id(layer)] for layer in self.layers]
@@ -303,7 +325,8 @@ class Patcher:
         """Every layer's patched tensors (full parameter names), computed before any patched forward from the
         with-context targets alone and each layer's call arguments for the query alone; and their stats.
         Each layer's tensors live in its own buffers (`layer_bufs`), reused token after token: what this
-        holds beyond the model is the patched matrices themselves."""
+        holds beyond the model is the patched matrices themselves. With apply=action the matrices' updates
+        are kept as factors instead (`open_loop_actions` gives them)."""
         variant = variant or self.variant
         tensors: dict[str, Tensor] = {}
         stats = []
@@ -312,6 +335,12 @@ class Patcher:
             stats.append(variant.fill(self, layer, step.targets[index], module_input(args, kwargs), args, kwargs))
             tensors.update({f"{self.layer_names[index]}.{k}": t for k, t in self.bufs.tensors.items()})
         return tensors, stats
+
+    def open_loop_actions(self) -> dict[str, RankOneAction]:
+        """apply=action: every layer's kept rank-1 actions of the last `open_loop_tensors`, by full parameter
+        name (empty when materialized)."""
+        return {f"{self.layer_names[index]}.{k}": a for index, bufs in enumerate(self.layer_bufs)
+                for k, a in bufs.actions.items()}
 
     def open_loop_pass(self, query: Tensor, step: ContextStep, keep: dict | None, variant: Variant) -> PatchedPass:
         """The open loop's patched pass: the patched tensors of all layers computed first, then the model's
@@ -325,6 +354,7 @@ class Patcher:
         routes: list[dict] = [{} for _ in self.layers]
         handles = [register_router_capture(self.adapter, layer, routes[i]) for i, layer in enumerate(self.layers)
                    if routed]
+        handles += register_actions(self.model, self.open_loop_actions())
         try:
             with record_outputs(self.layers) as outputs:
                 out = functional_call(self.model, tensors, (), {"input_ids": query.view(1, 1), "use_cache": False})

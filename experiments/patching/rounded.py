@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from experiments.patching import lemmas
-from experiments.patching.kinds import CONV1D, EXPERTS, EXPERTS_IN_OUT
+from experiments.patching.kinds import ACTION, CONV1D, EXPERTS, EXPERTS_IN_OUT, MATERIALIZED
 
 CPU_BLOCK_BYTES = 1 << 21  # a row block in the compute dtype: stays in cache between its two uses
 GPU_BLOCK_BYTES = 1 << 28  # one block for a 1B model's matrices; bounds the float32 copy of a bf16 one
@@ -42,10 +42,14 @@ def _row_blocks(rows: int, row_bytes: int, device: torch.device) -> list[slice]:
     return [slice(lo, min(lo + step, rows)) for lo in range(0, rows, step)]
 
 
-def add_rank1_by_rows(W: Tensor, coef: Coefficients, vec: Tensor, out: Tensor, cdt: torch.dtype) -> Tensor:
+def add_rank1_by_rows(W: Tensor, coef: Coefficients, vec: Tensor, out: Tensor | RankOneAction,
+                      cdt: torch.dtype) -> Tensor:
     """out = W + c vecᵀ over the rows of W's storage (W viewed as (rows, n)), computed in `cdt` and rounded
     once to out's dtype. `coef` is the coefficient vector c, or a function of a block of W's rows (in cdt)
-    and their slice that returns their coefficients. Returns c (rows,) in cdt."""
+    and their slice that returns their coefficients. Returns c (rows,) in cdt. With a `RankOneAction` for
+    `out` (apply=action), c and vec are kept instead and W + c vecᵀ is never formed."""
+    if isinstance(out, RankOneAction):
+        return out.keep(W, coef, vec, cdt)
     W2 = W.reshape(-1, W.shape[-1])
     O2 = out.view(-1, out.shape[-1])
     vec = vec.to(cdt)
@@ -97,18 +101,68 @@ def add_outer_rounded(W: Tensor, u: Tensor, s: Tensor, out: Tensor, layout: str 
 
 
 @dataclass
+class RankOneAction:
+    """A matrix's rank-1 update kept as its factors (apply=action): W + c vᵀ over the rows of W's storage,
+    never formed. The module's own forward computes W·z from the unchanged W; `correction` adds c (vᵀz),
+    or (z·c) vᵀ for a Conv1D (GPT-2: storage (in, out), y = z W), both in the model's dtype, so nothing
+    the patch computes in float32 reaches the pass unrounded. Only the coefficients are computed (one
+    matrix-vector product), not W + ΔW: no matrix is written."""
+
+    W: Tensor | None = None
+    coef: Tensor | None = None  # c (rows of the storage,) in the model's dtype
+    vec: Tensor | None = None  # v (columns of the storage,) in the model's dtype
+
+    def keep(self, W: Tensor, coef: Coefficients, vec: Tensor, cdt: torch.dtype) -> Tensor:
+        if W.dim() != 2:
+            raise ValueError("apply=action keeps rank-1 updates of 2-D matrices; stacked experts (MoE) are refused")
+        vec = vec.to(cdt)
+        if callable(coef):  # its coefficients read W's rows (Thm 7's c_i = W_i · (z_C − z)): one pass over W
+            c = torch.empty(W.shape[0], dtype=cdt, device=W.device)
+            for rows in _row_blocks(W.shape[0], W.shape[1] * vec.element_size(), W.device):
+                c[rows] = coef(W[rows].to(cdt), rows)
+        else:
+            c = coef.to(cdt)
+        self.W, self.coef, self.vec = W, c.to(W.dtype), vec.to(W.dtype)
+        return c
+
+    def correction(self, module, z: Tensor) -> Tensor:
+        """What the update adds to `module`'s output for its input z, in the model's dtype."""
+        if type(module).__name__ == "Conv1D":  # y = z W_storage: (W + c vᵀ) adds (z·c) vᵀ
+            return (z @ self.coef).unsqueeze(-1) * self.vec
+        return (z @ self.vec).unsqueeze(-1) * self.coef  # y = z W_storageᵀ: adds (z·v) c
+
+    def linear(self, z: Tensor, bias: Tensor | None) -> Tensor:
+        """The patched nn.Linear's output for z: its own product with W, plus the correction."""
+        return torch.nn.functional.linear(z, self.W, bias) + self.correction(None, z)
+
+
+def patched_linear(z: Tensor, weight: Tensor | RankOneAction, bias: Tensor | None) -> Tensor:
+    """An nn.Linear's output with a patched weight: W + ΔW rounded, or a kept action."""
+    if isinstance(weight, RankOneAction):
+        return weight.linear(z, bias)
+    return torch.nn.functional.linear(z, weight, bias)
+
+
+@dataclass
 class PatchBuffers:
     """One layer's patched tensors (`tensors`, by parameter name relative to the layer) in the model's
-    dtype; their storage is reused layer after layer and token after token."""
+    dtype; their storage is reused layer after layer and token after token. With apply=action a matrix's
+    slot is a `RankOneAction` instead (`actions`): vectors (norm scales, biases) are always written."""
 
     dtype: torch.dtype
+    apply: str = MATERIALIZED
     tensors: dict[str, Tensor] = field(default_factory=dict)
+    actions: dict[str, RankOneAction] = field(default_factory=dict)
     _store: dict[str, Tensor] = field(default_factory=dict)
 
     def begin(self) -> None:
         self.tensors = {}
+        self.actions = {}
 
-    def out(self, name: str, like: Tensor) -> Tensor:
+    def out(self, name: str, like: Tensor) -> Tensor | RankOneAction:
+        if self.apply == ACTION and like.dim() >= 2:
+            action = self.actions[name] = RankOneAction()
+            return action
         t = self._store.get(name)
         if t is None or t.shape != like.shape or t.device != like.device:
             t = self._store[name] = torch.empty(like.shape, dtype=self.dtype, device=like.device)

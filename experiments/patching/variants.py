@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from experiments.patching.kinds import SCALE
+from experiments.patching.kinds import ACTION, APPLY_MODES, CONV1D, LINEAR, MOE, MOE_BIAS, SCALE
 
 if TYPE_CHECKING:  # types only: the adapters import torch
     from experiments.patching.arch.base import BlockAdapter
@@ -223,6 +223,24 @@ def check_variant(adapter: BlockAdapter, name: str) -> Variant:
     if why:
         raise UserError(why)
     return variant
+
+
+def check_apply(adapter: BlockAdapter, variant: Variant, apply: str) -> str:
+    """`apply` (kinds.APPLY_MODES), or one line saying why this variant or block cannot take it: the action
+    is the open loop's (a closed loop solves each layer for its rounded weights), on 2-D matrices (an MoE's
+    stacked experts are not)."""
+    from experiments.core.errors import UserError
+
+    if apply not in APPLY_MODES:
+        raise UserError(f"apply={apply!r} is not one of {', '.join(APPLY_MODES)}")
+    if apply == ACTION and not variant.evidence:
+        raise UserError(f"apply=action is for the open loop (naive, stable, conditioned): variant={variant.name} "
+                        "solves each layer inside the pass for its rounded weights; use apply=materialized")
+    if apply == ACTION and (adapter.output_rule in (MOE, MOE_BIAS)
+                            or any(layout not in (LINEAR, CONV1D) for layout in adapter.input_matrices.values())):
+        raise UserError(f"apply=action keeps rank-1 updates of 2-D matrices; {adapter.family}'s stacked experts "
+                        "(MoE) are not: use apply=materialized")
+    return apply
 
 
 def supported_variants(adapter: BlockAdapter) -> list[str]:

@@ -25,7 +25,8 @@ def test_the_cuda_meter_synchronizes_and_reads_the_allocator(monkeypatch):
 
 
 def test_every_mode_and_variant_on_one_model(monkeypatch):
-    args = argparse.Namespace(model="tiny-gemma3", dtype="float32", device="cpu", threads=1, tokens=2)
+    args = argparse.Namespace(model="tiny-gemma3", dtype="float32", device="cpu", threads=1, tokens=2,
+                              apply="materialized")
     rows = patch_bench.one_process(args, ["generate", "patched"], ["naive", "no_such_variant"])
     assert [(r["mode"], r["variant"]) for r in rows] == [("generate", None), ("patched", "naive"),
                                                          ("patched", "no_such_variant")]
