@@ -203,7 +203,8 @@ def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
             print(f"{r['mode']:<10}{r['variant'] or '':<20}{r.get('apply') or '':<14}  {r['error']}")
             continue
         print(f"{r['mode']:<10}{r['variant'] or '':<20}{r.get('apply') or '':<14}"
-              f"{r['ms_per_token']:>20.1f}{r['mean_ms']:>10.1f}{r['after_load_mb']:>15.0f}{r['peak_mb']:>32.0f}{r['ms_per_token'] / plain['ms_per_token']:>13.2f}"
+              f"{r['ms_per_token']:>20.1f}{r['mean_ms']:>10.1f}{r['after_load_mb']:>15.0f}{r['peak_mb']:>32.0f}"
+              f"{r['ms_per_token'] / plain['ms_per_token']:>13.2f}"
               f"{r['peak_mb'] / plain['peak_mb']:>13.2f}")
     for r in rows[1:]:
         if "error" not in r:
