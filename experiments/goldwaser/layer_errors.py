@@ -36,6 +36,7 @@ from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
 from experiments.goldwaser.layer_errors_claims import check_claims
 from experiments.goldwaser.layer_errors_plot import plot
+from experiments.patching.kinds import ACTION, MATERIALIZED
 from experiments.patching.variants import VARIANTS
 
 DTYPES = ("float32", "float64")
@@ -60,7 +61,7 @@ def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists, the model's architecture and variants included."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.patching.arch import adapter_for
-    from experiments.patching.variants import check_variant
+    from experiments.patching.variants import check_apply, check_variant
     from experiments.zoo.loading import check_model
 
     dtypes = _names(cfg, "dtypes", DTYPES)
@@ -80,15 +81,17 @@ def validate(cfg: DictConfig) -> None:
     config = check_model(str(cfg.model), max((resolve_dtype(d) for d in dtypes), key=lambda t: t.itemsize), device)
     adapter = adapter_for(config.model_type)
     for variant in chosen_variants(cfg, adapter):
-        check_variant(adapter, variant)
+        check_apply(adapter, check_variant(adapter, variant), str(cfg.apply))
 
 
 def chosen_variants(cfg: DictConfig, adapter) -> list[str]:
     """variants=..., or where none are given naive, closed_loop_scale (a post-MLP norm's Thm 10 alone) where the
-    block takes it, and closed_loop."""
+    block takes it, and closed_loop; with apply=action the open loop's alone (a closed loop takes no action)."""
     if cfg.get("variants") is not None:
         return _names(cfg, "variants", tuple(VARIANTS))
-    return [v for v in DEFAULT_VARIANTS if VARIANTS[v].unsupported(adapter) is None]
+    action = str(cfg.get("apply", MATERIALIZED)) == ACTION
+    return [v for v in DEFAULT_VARIANTS if VARIANTS[v].unsupported(adapter) is None
+            and (VARIANTS[v].evidence or not action)]
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -111,14 +114,15 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
             bundle = load_model(str(cfg.model), resolve_dtype(dtype), ctx.device, seed=int(cfg.seed))
             encoded = [encode_prompt(bundle, text, None, bool(cfg.chat_template), ctx.device) for text in prompts]
             # the block's output rule decides what the open loop's claims expect (layer_errors_claims.py)
-            index = dict(model=str(cfg.model), preset=str(cfg.get("preset", "")), dtype=dtype, rule=adapter.output_rule)
+            index = dict(model=str(cfg.model), preset=str(cfg.get("preset", "")), dtype=dtype, rule=adapter.output_rule,
+                         apply=str(cfg.apply))
             original_sensitivity: dict = {}  # the unpatched model's: the same for every variant
             with threads_for(bundle.model):
                 for variant in variants:
                     for p, inputs in enumerate(encoded):
                         for result in measure_prompt(bundle.model, variant, inputs, n_tokens,
                                                      float(cfg.delta_rel[dtype]), int(cfg.seed), original_sensitivity,
-                                                     key=p):
+                                                     key=p, apply=str(cfg.apply)):
                             log_token(ctx, result, variant=variant, prompt=p, **index)
                             ctx.sample(token_sample(bundle.tokenizer, result["step"], result["context"],
                                                     result["patched"].logits, result["control"], prompt=p,
@@ -126,11 +130,11 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
                                                     variant=variant, dtype=dtype))
                             bar.advance(1, info=f"{dtype} {variant} prompt {p + 1}/{len(prompts)}")
             del bundle
-    check_claims(ctx, ctx.metrics())
+    check_claims(ctx, ctx.metrics(), "_action" if str(cfg.apply) == ACTION else "")
 
 
 def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: float, seed: int,
-                   original_sensitivity: dict, key=0):
+                   original_sensitivity: dict, key=0, apply: str = MATERIALIZED):
     """Greedy generation with the context; at each token the patched pass and its per-layer measurements, the
     unpatched model's distance to the record beside them (the control), and for a closed loop how far its
     patches are from its open-loop counterpart's. `original_sensitivity` caches the unpatched model's one-ulp
@@ -142,7 +146,7 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
     from experiments.patching.patcher import Patcher
     from experiments.patching.variants import VARIANTS
 
-    patcher = Patcher(model, variant)
+    patcher = Patcher(model, variant, apply)
     counterpart = patcher.variant.open_counterpart(patcher.adapter)
     ids = inputs["input_ids"]
     prefix = {k: v[:, :-1] for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
@@ -152,7 +156,9 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
         context, cache = ctx.logits, ctx.cache
         keep: dict = {}
         patched = patcher.patched_pass(query, ctx, keep=keep)
-        gains = layer_gains(patcher, query, ctx.targets, keep, delta_rel, torch.Generator().manual_seed(seed + step))
+        actions = patcher.open_loop_actions()  # apply=action: the matrices' updates, added by hooks where run
+        gains = layer_gains(patcher, query, ctx.targets, keep, delta_rel, torch.Generator().manual_seed(seed + step),
+                            actions)
         if (key, step) not in original_sensitivity:
             original_sensitivity[key, step] = one_ulp_sensitivity(model, query)
         control = patcher.control_pass(query, ctx.record)
@@ -164,26 +170,40 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
                 row["patch_rel_to_open_loop"] = diff
         yield dict(step=step, token_id=int(query.view(-1)[0]), patched=patched, per_layer=per_layer,
                    logits=logit_comparison(context, patched.logits),
-                   one_ulp_patched=one_ulp_sensitivity(model, query, keep),
+                   one_ulp_patched=patched_sensitivity(model, query, keep, actions),
                    one_ulp_original=original_sensitivity[key, step], context=context, control=control.logits)
         query = context.argmax().view(1, 1).to(ids.device)
 
 
-def layer_gains(patcher, query, caps, keep: dict, delta_rel: float, generator) -> list[dict[str, float]]:
+def patched_sensitivity(model, query, keep: dict, actions: dict) -> float:
+    """The patched model's one-ulp sensitivity: its written tensors in place, its kept actions hooked."""
+    from experiments.goldwaser.layer_gain import one_ulp_sensitivity
+    from experiments.patching.patcher import applied_actions
+
+    with applied_actions(model, actions):
+        return one_ulp_sensitivity(model, query, keep)
+
+
+def layer_gains(patcher, query, caps, keep: dict, delta_rel: float, generator,
+                actions: dict | None = None) -> list[dict[str, float]]:
     """Per layer, at the with-context input x_l and for one random δ (the same for both): the gain of the
-    layer with its patched tensors and of the original layer, absolute and relative."""
+    layer with its patched tensors (and its kept actions, apply=action) and of the original layer, absolute
+    and relative."""
     from experiments.goldwaser.layer_gain import gain, layer_calls, random_direction
+    from experiments.patching.patcher import applied_actions
 
     out = []
     calls = layer_calls(patcher.lm, patcher.layers, query)  # the decoder body: no LM head needed
     for index, (call, cap) in enumerate(zip(calls, caps, strict=True)):
         prefix = patcher.layer_names[index] + "."
         params = {name[len(prefix):]: t for name, t in keep.items() if name.startswith(prefix)}
-        if not params:
+        mine = {name: a for name, a in (actions or {}).items() if name.startswith(prefix)}
+        if not params and not mine:
             raise RuntimeError(f"layer {index}: the patched pass kept no patched tensors")
         x = cap.x_in.to(patcher.dtype)
         delta = random_direction(x, delta_rel, generator)
-        g_patched, g_patched_rel = gain(functools.partial(call.run, params=params), x, delta)
+        with applied_actions(patcher.model, mine):
+            g_patched, g_patched_rel = gain(functools.partial(call.run, params=params), x, delta)
         g_original, g_original_rel = gain(call.run, x, delta)
         out.append(dict(gain_patched=g_patched, gain_original=g_original,
                         gain_rel_patched=g_patched_rel, gain_rel_original=g_original_rel))

@@ -151,7 +151,9 @@ def patch_distance(m: pd.DataFrame, dtype: str, variant: str) -> float:
     return float(rows.groupby(["prompt", "token"])["value"].max().median()) if len(rows) else float("nan")
 
 
-def check_claims(ctx, m: pd.DataFrame) -> None:
+def check_claims(ctx, m: pd.DataFrame, tag: str = "") -> None:
+    """Every claim the measurements support; `tag` (`_action` for apply=action) follows the open loop's
+    variant in its claims' ids, so that a sweep over apply= keeps them apart."""
     dtypes = [d for d in ("float32", "float64") if d in set(m["dtype"])]
     variants = set(m["variant"])
     where = f"{m['model'].iloc[0]}" if "model" in m and len(m) else ""
@@ -174,11 +176,11 @@ def check_claims(ctx, m: pd.DataFrame) -> None:
                       SENSITIVITY_DECADES)
     if "naive" in variants:
         rule = str(m["rule"].dropna().iloc[0]) if "rule" in m and m["rule"].notna().any() else SCALE
-        _open_loop_claims(ctx, m, dtypes, where, n_layers)
+        _open_loop_claims(ctx, m, dtypes, where, n_layers, tag)
         if rule == SCALE:
-            _scale_rule_amplifies(ctx, m, dtypes, where, n_layers)
+            _scale_rule_amplifies(ctx, m, dtypes, where, n_layers, tag)
         else:
-            _matrix_rule_does_not(ctx, m, dtypes, where, rule)
+            _matrix_rule_does_not(ctx, m, dtypes, where, rule, tag)
 
 
 def _closed_loop_claims(ctx, m, dtype: str, where: str) -> None:
@@ -202,27 +204,27 @@ def _closed_loop_claims(ctx, m, dtype: str, where: str) -> None:
               sensitivity_ratio(m, dtype, "closed_loop"), "<=", SENSITIVITY_DECADES)
 
 
-def _open_loop_claims(ctx, m, dtypes: list[str], where: str, n_layers: int) -> None:
+def _open_loop_claims(ctx, m, dtypes: list[str], where: str, n_layers: int, tag: str = "") -> None:
     if "float32" in dtypes:
         top1 = 100.0 * _rows(m, "top1_match", "float32", "naive")["value"].mean()
-        ctx.check("goldwaser.alg1.naive_float32_top1_match", "Goldwaser §4.2 Fig 3",
+        ctx.check(f"goldwaser.alg1.naive{tag}_float32_top1_match", "Goldwaser §4.2 Fig 3",
                   f"Algorithm 1 (open loop) in float32 almost exact: the patched model's top-1 token agrees with "
                   f"the with-context model's, % of tokens (the paper: Gemma 3 1B) ({where})", top1, ">=", 100.0,
                   paper_value=100.0)
     if "float64" in dtypes and n_layers > 1:
         budget = (ALMOST_EXACT / FLOAT32_UNIT_ROUNDOFF) ** (1.0 / (n_layers - 1))
-        ctx.check("goldwaser.alg1.naive_float64_growth_within_float32_budget", REF,
+        ctx.check(f"goldwaser.alg1.naive{tag}_float64_growth_within_float32_budget", REF,
                   f"what the paper's float32 exactness implies: the open loop's per-layer error growth (float64, "
                   f"geometric mean before saturation, median over tokens) at most the factor that keeps float32 "
                   f"rounding under 1 % after all {n_layers} layers ({where})",
                   median_growth(m, "float64"), "<=", budget)
 
 
-def _scale_rule_amplifies(ctx, m, dtypes: list[str], where: str, n_layers: int) -> None:
+def _scale_rule_amplifies(ctx, m, dtypes: list[str], where: str, n_layers: int, tag: str = "") -> None:
     """Thm 10's Δm = r ⊘ h divides by MLP outputs near 0: the open loop's error is amplified layer to layer,
     from rounding level at the first layer (nothing before it to amplify)."""
     if "float64" in dtypes:
-        ctx.check("goldwaser.alg1.naive_float64_first_layer_at_rounding", REF + ", Thm 10",
+        ctx.check(f"goldwaser.alg1.naive{tag}_float64_first_layer_at_rounding", REF + ", Thm 10",
                   f"in float64 the open loop's first layer is at float64's rounding level (the error the later layers "
                   f"amplify starts there): max relative error of layer 0's output against the record over tokens "
                   f"({where})", worst_error(m, "float64", layer=0), "<=", rounding_bar("float64"))
@@ -230,33 +232,33 @@ def _scale_rule_amplifies(ctx, m, dtypes: list[str], where: str, n_layers: int) 
         # in float64 and float32 alike (the smaller of the two): the amplification is the algorithm's, not
         # float32 rounding's, and a bug common to both dtypes that leaves it flat fails
         beyond = {d: median_beyond_accumulation(m, d) for d in dtypes}
-        ctx.check("goldwaser.alg1.naive_amplifies_beyond_accumulation", REF + ", Thm 10",
+        ctx.check(f"goldwaser.alg1.naive{tag}_amplifies_beyond_accumulation", REF + ", Thm 10",
                   f"the open loop's error is amplified, not just accumulated, in {' and '.join(dtypes)} alike: decades "
                   f"by which it grows beyond the sum of every layer's own rounding before saturation, log10(e_k / "
                   f"((k + 1) e_0)), median over tokens, the smaller over dtypes; a token off at layer 0 or not a "
                   f"number fails it ({where})", float(np.min(list(beyond.values()))), ">=", AMPLIFIED,
                   measure="log10(e_k / ((k+1) e_0))")
     dtype = dtypes[-1]  # the gains agree across dtypes; the most precise one measures them best
-    ctx.check(f"goldwaser.alg1.naive_{dtype}_patched_layers_amplify", REF + ", Thm 10",
+    ctx.check(f"goldwaser.alg1.naive{tag}_{dtype}_patched_layers_amplify", REF + ", Thm 10",
               f"the open loop's patched layers amplify an input change more than the original layers: the worst "
               f"layer's log10 of the median gain ratio, same x and δ ({where}, {dtype})",
               largest_layer_gain(m, dtype, "naive"), ">=", AMPLIFY)
 
 
-def _matrix_rule_does_not(ctx, m, dtypes: list[str], where: str, rule: str) -> None:
+def _matrix_rule_does_not(ctx, m, dtypes: list[str], where: str, rule: str, tag: str = "") -> None:
     """Thm 9 (or a bias, Thm 8) divides by no MLP output: the open loop's error stays at rounding level."""
     for dtype in dtypes:
-        ctx.check(f"goldwaser.alg1.naive_{dtype}_every_layer_at_rounding", f"{REF}, {rule}",
+        ctx.check(f"goldwaser.alg1.naive{tag}_{dtype}_every_layer_at_rounding", f"{REF}, {rule}",
                   f"the open loop's every layer at {dtype}'s rounding level: max relative error of every layer's "
                   f"output against the record, over layers and tokens; a token not a number fails it ({where})",
                   worst_error(m, dtype), "<=", rounding_bar(dtype))
     if "float64" in dtypes:
-        ctx.check("goldwaser.alg1.naive_float64_not_amplified", f"{REF}, {rule}",
+        ctx.check(f"goldwaser.alg1.naive{tag}_float64_not_amplified", f"{REF}, {rule}",
                   f"in float64 the open loop's error is not amplified: decades by which it grows beyond the sum of "
                   f"every layer's own rounding, log10(e_k / ((k + 1) e_0)), median over tokens ({where})",
                   median_beyond_accumulation(m, "float64"), "<=", AMPLIFIED, measure="log10(e_k / ((k+1) e_0))")
     dtype = dtypes[-1]
-    ctx.check(f"goldwaser.alg1.naive_{dtype}_layers_amplify_as_original", f"{REF}, {rule}",
+    ctx.check(f"goldwaser.alg1.naive{tag}_{dtype}_layers_amplify_as_original", f"{REF}, {rule}",
               f"the open loop's patched layers amplify an input change like the original ones: the worst layer's "
               f"|log10| of the median gain ratio, same x and δ ({where}, {dtype})",
               worst_layer_gain(m, dtype, "naive"), "<=", AMPLIFY)

@@ -108,8 +108,10 @@ class LayerErrors:
     # this experiment's own dtypes (the model is loaded once in each; dtype= is not used); validate names the choices
     dtypes: list[str] = default(["float32", "float64"])
     # naive | stable | conditioned | closed_loop_scale | closed_loop (validate names the choices); null: naive,
-    # closed_loop_scale where the block has a post-MLP norm, closed_loop
+    # closed_loop_scale where the block has a post-MLP norm, closed_loop (with apply=action: the open loop alone)
     variants: list[str] | None = None
+    # the open loop's matrices: materialized (W + ΔW rounded) | action (W·z + c (vᵀz) in the dtype; see PatchMatch)
+    apply: PatchApply = PatchApply.materialized
     prompts: list[str] = default([
         "List three reasons why octopuses are considered intelligent animals.",
         MARS_PROMPT,

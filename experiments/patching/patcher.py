@@ -173,6 +173,18 @@ def register_router_capture(adapter, layer: nn.Module, values: dict):
     return layer.get_submodule(path).register_forward_hook(hook)
 
 
+@contextmanager
+def applied_actions(model: nn.Module, actions: dict[str, RankOneAction]):
+    """Inside the block, `model`'s forward (and any of its layers run alone) adds the kept actions
+    (apply=action; none: the model as it is)."""
+    handles = register_actions(model, actions)
+    try:
+        yield model
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def register_actions(model: nn.Module, actions: dict[str, RankOneAction]) -> list:
     """apply=action: a forward hook on each patched matrix's module that adds its kept update's action to
     the module's own output (the module computes W·z itself, from its unchanged W)."""

@@ -96,3 +96,24 @@ def test_bad_apply_or_advance_is_one_line_before_any_model(icl_inprocess, tmp_pa
                          f"hydra.run.dir={tmp_path / 'run'}")
     assert_one_line_error(proc, fragment)
     assert not (tmp_path / "run").exists()
+
+
+def test_layer_errors_measures_the_action_like_the_written_weights_in_float64(icl_inprocess, tmp_path):  # noqa: F811
+    """layer_errors with apply=action: the patched layers' gains and the one-ulp sensitivity run with the
+    actions hooked; in float64 they equal the written weights' (other code), and the claims say `_action`."""
+    import pandas as pd
+
+    runs = {}
+    for apply in ("materialized", "action"):
+        proc = icl_inprocess("run", "layer_errors", "preset=smoke", "model=tiny-llama", "dtypes=[float64]",
+                             "variants=[naive]", f"apply={apply}", f"hydra.run.dir={tmp_path / apply}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[apply] = pd.read_csv(tmp_path / apply / "metrics.csv")
+    values = {(k, name): runs[k][runs[k]["metric"] == name]["value"].to_numpy()
+              for k in runs for name in ("gain_patched", "one_ulp_patched", "hidden_rel")}
+    a, m = values["action", "gain_patched"], values["materialized", "gain_patched"]
+    assert len(a) == len(m) > 0 and abs(a - m).max() <= 1e-9 * abs(m).max()  # an O(1) gain, the same map
+    for name in ("one_ulp_patched", "hidden_rel"):  # both at float64's rounding level with either
+        assert len(values["action", name]) and abs(values["action", name]).max() < 1e-12
+    claims = pd.read_csv(tmp_path / "action" / "claims.csv")
+    assert claims["id"].str.contains("naive_action_float64").all() and claims["passed"].all()
