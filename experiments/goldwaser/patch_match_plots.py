@@ -29,9 +29,23 @@ def construction(variant: str) -> bool:
     return name in VARIANTS and not VARIANTS[name].evidence
 
 
+# patch_match's keys beside the variant (how the patch is applied, which token the text follows), their defaults
+WAYS = {"apply": "materialized", "advance": "context"}
+WAY_WORDS = {("apply", "action"): "action", ("advance", "patched"): "own-text"}
+
+
+def _ways(m: pd.DataFrame) -> pd.Series:
+    """" action own-text" and the like: a run's non-default ways, "" for the defaults (and older runs)."""
+    words = pd.Series("", index=m.index)
+    for key in WAYS:
+        if key in m:
+            words += m[key].map(lambda v, key=key: f" {WAY_WORDS[key, v]}" if (key, v) in WAY_WORDS else "")
+    return words
+
+
 def _series(m: pd.DataFrame) -> pd.Series:
     marks = m["variant"].map(lambda v: " (construction)" if construction(v) else "")
-    label = m["dtype"].astype(str) + " " + m["variant"].astype(str) + marks
+    label = m["dtype"].astype(str) + _ways(m) + " " + m["variant"].astype(str) + marks
     if "model" in m and m["model"].nunique() > 1:
         label = m["model"].astype(str) + " " + label
     return label
@@ -225,9 +239,9 @@ def _figure_summary(wide: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 def _paper_bf16(series: str) -> float | None:
-    """The paper's bfloat16 agreement for a series label ("... bfloat16 naive"), None for other series."""
+    """The paper's bfloat16 agreement for a series label ("... bfloat16 [action] naive"), None for others."""
     words = series.split()
-    return PAPER_BF16_MATCH.get(words[-1]) if len(words) >= 2 and words[-2] == "bfloat16" else None
+    return PAPER_BF16_MATCH.get(words[-1]) if len(words) >= 2 and "bfloat16" in words[:-1] else None
 
 
 def table1(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -239,7 +253,7 @@ def table1(metrics: pd.DataFrame) -> pd.DataFrame:
         rel = metrics[metrics["metric"] == f"{prefix}logit_linf_rel"]
         if top1.empty:
             continue
-        keys = [k for k in ("family", "model", "dtype", "variant") if k in top1 and top1[k].notna().all()]
+        keys = [k for k in ("family", "model", "dtype", "variant", *WAYS) if k in top1 and top1[k].notna().all()]
         out = top1.groupby(keys)["value"].agg(match=lambda v: 100 * v.mean(), tokens="size")
         out["max_rel_linf"] = rel.groupby(keys)["value"].max() if not rel.empty else float("nan")
         out = out.reset_index()
@@ -253,7 +267,7 @@ def _figure_table1(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     logit L∞ (right), each cell annotated; the paper's bfloat16 numbers in the title."""
     t = table1(metrics)
     t["row"] = (t["family"].astype(str) + " (" + t["model"].astype(str) + ")") if "family" in t else t["model"]
-    t["col"] = t["dtype"].astype(str) + "\n" + t["variant"].astype(str).str.replace(": ", ":\n")
+    t["col"] = t["dtype"].astype(str) + _ways(t) + "\n" + t["variant"].astype(str).str.replace(": ", ":\n")
     t["built"] = t["variant"].map(construction)
     rows = sorted(t["row"].unique())
     cols = [c for _, c in sorted({(bool(b), c) for b, c in zip(t["built"], t["col"], strict=True)})]  # open first
@@ -291,6 +305,65 @@ def _figure_table1(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "table1_architectures")
 
 
+def ways_table(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per model × dtype × variant × apply × advance: top-1 matches of tokens with the 95 % Wilson interval
+    of the rate, the largest relative logit L∞, the median TVD and the largest per-layer hidden error
+    against the record (any layer, any token): the rows of docs/goldwaser.md's bfloat16 table."""
+    from experiments.core.intervals import wilson
+
+    top1 = metrics[metrics["metric"] == "top1_match"]
+    keys = [k for k in ("model", "dtype", "variant", *WAYS) if k in top1 and top1[k].notna().all()]
+    out = top1.groupby(keys)["value"].agg(matches="sum", tokens="size").reset_index()
+    out["matches"] = out["matches"].astype(int)
+    out["top1_pct"] = 100.0 * out["matches"] / out["tokens"]
+    bounds = [wilson(k, n) for k, n in zip(out["matches"], out["tokens"], strict=True)]
+    out["top1_lo_pct"], out["top1_hi_pct"] = ([100.0 * b[i] for b in bounds] for i in (0, 1))
+    for name, metric_name, how in (("max_rel_linf", "logit_linf_rel", "max"), ("median_tvd", "tvd", "median"),
+                                   ("max_hidden_rel", "hidden_rel", "max")):
+        rows = metrics[metrics["metric"] == metric_name]
+        out = out.merge(rows.groupby(keys)["value"].agg(how).rename(name).reset_index(), on=keys, how="left")
+    return out
+
+
+def _figure_ways(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+    """Top-1 agreement per way of applying the patch and of advancing the text, one panel per model: a bar per
+    dtype, its 95 % Wilson interval, the paper's bfloat16 number (Gemma 3 1B on TPU) as a line."""
+    t = ways_table(metrics)
+    for key, default in WAYS.items():
+        t[key] = t[key] if key in t else default
+    t["case"] = t["variant"].astype(str) + "\n" + t["apply"].astype(str) + "\n" + t["advance"].astype(str)
+    models = sorted(t["model"].unique())
+    dtypes = [d for d in ("float64", "float32", "bfloat16") if d in set(t["dtype"])]
+    fig, axes = new_figure(len(models), 1, width=max(3.6, 1.2 * t["case"].nunique() + 1.5), height=3.0)
+    width = 0.8 / max(len(dtypes), 1)
+    for ax, model in zip(axes[0], models, strict=True):
+        rows = t[t["model"] == model]
+        first = rows.drop_duplicates("case").set_index("case")
+        cases = sorted(first.index, key=lambda c: (first.at[c, "variant"] != "naive", first.at[c, "variant"],
+                                                   first.at[c, "apply"] != WAYS["apply"],
+                                                   first.at[c, "advance"] != WAYS["advance"]))
+        for i, dtype in enumerate(dtypes):
+            d = rows[rows["dtype"] == dtype].set_index("case").reindex(cases)
+            x = np.arange(len(cases)) + (i - (len(dtypes) - 1) / 2) * width
+            err = np.vstack([d["top1_pct"] - d["top1_lo_pct"], d["top1_hi_pct"] - d["top1_pct"]])
+            ax.bar(x, d["top1_pct"], width, yerr=err, capsize=2, label=dtype)
+        ax.axhline(PAPER_BF16_MATCH["naive"], color="k", ls="--", lw=1,
+                   label=f"paper, bfloat16 naive ({PAPER_BF16_MATCH['naive']}%)")
+        ax.set_xticks(range(len(cases)), cases, fontsize=7)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("top-1 token agreement (%)")
+        ax.set_title(f"{model}: variant / apply / advance", fontsize=8)
+    axes[0, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle("where bfloat16's gap comes from: W + ΔW written (materialized) or applied as an action, the text "
+                 "following the model with the context or the patched model's own tokens (95 % Wilson intervals)",
+                 fontsize=8)
+    return save_figure(fig, figures_dir, "bf16_ways")
+
+
+def _several_ways(metrics: pd.DataFrame) -> bool:
+    return any(key in metrics and metrics[key].nunique() > 1 for key in WAYS)
+
+
 def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     if metrics.empty or "top1_match" not in set(metrics["metric"]):
         return []
@@ -308,6 +381,8 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
                                    image_path=Path(figures_dir).parent / CONTEXT_IMAGE)
     if len(table1(metrics)) > 1:
         paths += _figure_table1(metrics, figures_dir)
+    if _several_ways(metrics):
+        paths += _figure_ways(metrics, figures_dir)
     return paths
 
 

@@ -17,3 +17,27 @@ def test_the_paper_numbers_belong_to_bfloat16_series_of_its_two_variants():
     assert _paper_bf16("bfloat16 naive") == 87.5
     assert _paper_bf16("gemma-3-270m bfloat16 stable") == 98.0
     assert _paper_bf16("float32 naive") is None and _paper_bf16("bfloat16 closed_loop") is None
+    assert _paper_bf16("bfloat16 action own-text naive") == 87.5
+
+
+def test_the_ways_table_counts_tokens_per_way_with_wilson_intervals(tmp_path):
+    """Two runs (materialized and action) of 4 and 5 tokens: matches, %, the interval of k of n, the largest
+    logit error and per-layer error, each way its own row; the figure is drawn from the same frame."""
+    from experiments.goldwaser.patch_match_plots import plot, ways_table
+
+    rows = []
+    for apply, hits, rel in (("materialized", [1, 1, 0, 1], 0.2), ("action", [1, 1, 1, 1, 1], 0.01)):
+        for step, hit in enumerate(hits):
+            base = dict(model="m", family="Llama", dtype="bfloat16", variant="naive", apply=apply, advance="context",
+                        context="text", prompt=0, step=step, token="t", token_id=step, run_id=apply)
+            rows += [dict(base, metric="top1_match", value=float(hit)), dict(base, metric="logit_linf_rel", value=rel),
+                     dict(base, metric="logit_linf", value=rel), dict(base, metric="tvd", value=rel / 2),
+                     dict(base, metric="hidden_rel", value=rel * step, layer=0)]
+    metrics = pd.DataFrame(rows)
+    t = ways_table(metrics).set_index("apply")
+    assert t.loc["materialized", "matches"] == 3 and t.loc["materialized", "tokens"] == 4
+    assert t.loc["materialized", "top1_pct"] == 75.0
+    assert round(t.loc["materialized", "top1_lo_pct"], 1) == 30.1 and round(t.loc["materialized", "top1_hi_pct"], 1) == 95.4
+    assert t.loc["action", "top1_hi_pct"] == 100.0 and t.loc["action", "max_rel_linf"] == 0.01
+    assert t.loc["materialized", "max_hidden_rel"] == 0.2 * 3
+    assert any(p.name == "bf16_ways.png" for p in plot(metrics, tmp_path))

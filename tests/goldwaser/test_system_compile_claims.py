@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from experiments.core.intervals import wilson
 from experiments.goldwaser.system_compile.claims import check_claims
-from experiments.goldwaser.system_compile.rates import wilson
 
 HELD = 16
 
