@@ -40,6 +40,7 @@ from experiments.patching.arch.base import OUTER_WEIGHT, BlockAdapter
 from experiments.patching.capture import LayerCapture, first_output, last_position, register_captures, residual
 from experiments.patching.rounded import PatchBuffers, input_update_rounded
 from experiments.patching.rules import LayerPatchStats, rule_for
+from experiments.patching.rules.base import OutputRule
 from experiments.patching.rules.base import module_input as _input
 
 
@@ -67,14 +68,14 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
 
     def patch_pre_norm(module, a, kw):  # Thm 9: W_down h′ = C sign(d_C), so the norm's output is ±1
         P = originals[pre_norm]
-        solve_output_rule(OUTER_WEIGHT, module, P, bufs.tensors[pre_norm], a, kw,
+        solve_output_rule(rule_for(OUTER_WEIGHT), module, P, bufs.tensors[pre_norm], a, kw,
                           lemmas.sign_pre_norm_target(cap.d_c.to(cdt)), cdt, LayerPatchStats(), adapter)
         done.append("pre_norm")
 
     def patch_output(module, a, kw):
         target_minus_v = cap.x_out.to(cdt) - residual(values).to(cdt)
         P = originals[adapter.output_param]
-        solve_output_rule(adapter.output_rule, module, P, bufs.tensors[adapter.output_param], a, kw,
+        solve_output_rule(adapter.rule, module, P, bufs.tensors[adapter.output_param], a, kw,
                           target_minus_v, cdt, stats, adapter)
         done.append("output")
 
@@ -97,11 +98,11 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
     return values, output, stats
 
 
-def solve_output_rule(rule: str, module: nn.Module, P: Tensor, out: Tensor, args: tuple, kwargs: dict,
+def solve_output_rule(rule: OutputRule, module: nn.Module, P: Tensor, out: Tensor, args: tuple, kwargs: dict,
                       target_minus_v: Tensor, cdt: torch.dtype, stats: LayerPatchStats,
                       adapter: BlockAdapter | None = None) -> None:
     """Write into `out` (the tensor `module` reads in place of P) the parameter that makes the layer output
-    v′ + g = T(C, x), from the module's input in this pass: the in-pass step of `rule`'s class
-    (`patching/rules/`). `target_minus_v` = T(C, x) − v′; `adapter` is the block's (the MoE rule finds the
+    v′ + g = T(C, x), from the module's input in this pass: `rule`'s in-pass step (the adapter's own rule
+    object, `patching/rules/`; never looked up by name, so a wrapped rule keeps its wrapper). `target_minus_v` = T(C, x) − v′; `adapter` is the block's (the MoE rule finds the
     experts' inputs through it)."""
-    rule_for(rule).closed_loop(adapter, module, P, out, args, kwargs, target_minus_v, cdt, stats)
+    rule.closed_loop(adapter, module, P, out, args, kwargs, target_minus_v, cdt, stats)
