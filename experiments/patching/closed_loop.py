@@ -103,6 +103,7 @@ def solve_output_rule(rule: OutputRule, module: nn.Module, P: Tensor, out: Tenso
                       adapter: BlockAdapter | None = None) -> None:
     """Write into `out` (the tensor `module` reads in place of P) the parameter that makes the layer output
     v′ + g = T(C, x), from the module's input in this pass: `rule`'s in-pass step (the adapter's own rule
-    object, `patching/rules/`; never looked up by name, so a wrapped rule keeps its wrapper). `target_minus_v` = T(C, x) − v′; `adapter` is the block's (the MoE rule finds the
-    experts' inputs through it)."""
+    object, `patching/rules/`; never looked up by name, so a wrapped rule keeps its wrapper).
+    `target_minus_v` = T(C, x) − v′; `adapter` is the block's (the MoE rule finds the experts' inputs
+    through it)."""
     rule.closed_loop(adapter, module, P, out, args, kwargs, target_minus_v, cdt, stats)
