@@ -138,9 +138,6 @@ class FixedPatch:
     originals: dict[str, Tensor] = field(default_factory=dict)
     layers: list[LayerFit] = field(default_factory=list)
 
-    def names(self) -> list[str]:
-        return list(self.originals)
-
     @torch.no_grad()
     def restore(self, model: nn.Module) -> None:
         params = dict(model.named_parameters())

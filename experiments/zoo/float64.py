@@ -80,11 +80,6 @@ def _has_inv_freq(module: nn.Module) -> bool:
     return any(name.endswith("inv_freq") for name, _ in module.named_buffers(recurse=False))
 
 
-def is_exact_float64(model: nn.Module) -> bool:
-    ours = (_gemma_rms_forward, _rms_forward, _unscaled_rms_forward)
-    return any(getattr(m.forward, "__func__", None) in ours for m in model.modules())
-
-
 def scales_by_one_plus(norm: nn.Module) -> bool:
     """Whether the RMSNorm scales by 1 + weight (Gemma 1-3, weight initialised to 0) or by the weight itself
     (Llama's, Gemma 4's): asked of the norm itself, a CPU copy with its weight set to 0 run on ones (1 or 0
