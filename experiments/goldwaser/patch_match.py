@@ -161,10 +161,11 @@ def stock_check(choice: str, model, variant: str = "closed_loop") -> str:
 
 
 def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
-    from experiments.patching.compare import logit_comparison
+    from experiments.patching.compare import logit_comparison, top2_margin
 
     idx = dict(index, step=st.step, token=token_text, token_id=st.token_id)
     ctx.log_many(logit_comparison(st.context, st.patched.logits), **idx)
+    ctx.log("context_margin", top2_margin(st.context), **idx)  # how near a tie: where a miss can happen
     ctx.log("token_match", float(st.token_id == st.patched_token_id), **idx)
     if st.control is not None:
         ctrl = logit_comparison(st.context, st.control.logits)

@@ -322,6 +322,14 @@ def ways_table(metrics: pd.DataFrame) -> pd.DataFrame:
                                    ("max_hidden_rel", "hidden_rel", "max")):
         rows = metrics[metrics["metric"] == metric_name]
         out = out.merge(rows.groupby(keys)["value"].agg(how).rename(name).reset_index(), on=keys, how="left")
+    margin = metrics[metrics["metric"] == "context_margin"]
+    if not margin.empty:  # how near a tie the with-context top-1 was: over every token, and at the misses
+        steps = ["run_id", "prompt", "step"]
+        joined = margin.merge(top1[[*steps, "value"]].rename(columns={"value": "hit"}), on=steps)
+        out = out.merge(joined.groupby(keys)["value"].median().rename("median_margin").reset_index(), on=keys,
+                        how="left")
+        missed = joined[joined["hit"] < 1].groupby(keys)["value"].max().rename("max_margin_at_misses")
+        out = out.merge(missed.reset_index(), on=keys, how="left")
     return out
 
 

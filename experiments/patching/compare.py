@@ -56,3 +56,10 @@ def logit_comparison(reference: Tensor, other: Tensor) -> dict[str, float]:
         "tvd": 0.5 * float((a.softmax(-1) - b.softmax(-1)).abs().sum()),
         "top1_match": float(int(a.argmax()) == int(b.argmax())),
     }
+
+
+def top2_margin(logits: Tensor) -> float:
+    """The largest logit minus the second largest (float64): how near a tie the top-1 token is. A patched
+    model can pick another token only where this margin is at most twice its logit L∞ error."""
+    top = logits.double().topk(2).values
+    return float(top[0] - top[1])
