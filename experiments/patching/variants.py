@@ -243,6 +243,11 @@ def check_apply(adapter: BlockAdapter, variant: Variant, apply: str) -> str:
     return apply
 
 
+def supported_variants(adapter: BlockAdapter) -> list[str]:
+    """The variants this block takes (docs/python.md lists them for a model)."""
+    return [name for name, v in VARIANTS.items() if v.unsupported(adapter) is None]
+
+
 def export_default(adapter: BlockAdapter) -> str:
     """An open loop that is exact on the block where one exists (evidence), else the closed loop
     (a construction), e.g. for GPT-2's learned absolute positions."""
