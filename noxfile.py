@@ -177,6 +177,14 @@ def ensure_chromium(session: nox.Session) -> bool:
     return True
 
 
+def test_workers() -> list[str]:
+    """pytest-xdist's options: one worker a core, at most 4 (each holds torch and a model or two), a test file
+    kept on one worker (its module fixtures, a fault battery's honest runs, are built once); none on one core.
+    Most tests start a CLI process or a Hydra sweep and wait on it, so two cores run about two at a time."""
+    n = min(4, os.cpu_count() or 1)
+    return ["-n", str(n), "--dist", "loadfile"] if n > 1 else []
+
+
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The test suite (CI): unit tests, every experiment end to end at preset=smoke, the CLI's errors, the
@@ -184,11 +192,12 @@ def tests(session: nox.Session) -> None:
     again under each other CPU kernel set (not with posargs)."""
     env = install(session)
     ensure_chromium(session)
-    env.run("python", "-m", "pytest", "-q", "-ra", *session.posargs)
+    workers = test_workers()
+    env.run("python", "-m", "pytest", "-q", "-ra", *workers, *session.posargs)
     if not session.posargs:
         for capability in other_kernel_sets(env):
             session.log(f"numeric tests again with ATEN_CPU_CAPABILITY={capability}")
-            env.run("python", "-m", "pytest", "-q", "-ra", "-m", "numeric and not slow",
+            env.run("python", "-m", "pytest", "-q", "-ra", *workers, "-m", "numeric and not slow",
                     env={"ATEN_CPU_CAPABILITY": capability})
     _say_activate(session)
 
