@@ -324,7 +324,7 @@ def ways_table(metrics: pd.DataFrame) -> pd.DataFrame:
         out = out.merge(rows.groupby(keys)["value"].agg(how).rename(name).reset_index(), on=keys, how="left")
     margin = metrics[metrics["metric"] == "context_margin"]
     if not margin.empty:  # how near a tie the with-context top-1 was: over every token, and at the misses
-        steps = ["run_id", "prompt", "step"]
+        steps = [*keys, "run_id", "prompt", "step"]  # run_id alone repeats across sweeps ("bf16-0")
         joined = margin.merge(top1[[*steps, "value"]].rename(columns={"value": "hit"}), on=steps)
         out = out.merge(joined.groupby(keys)["value"].median().rename("median_margin").reset_index(), on=keys,
                         how="left")
@@ -333,7 +333,7 @@ def ways_table(metrics: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _figure_ways(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+def ways_figure(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     """Top-1 agreement per way of applying the patch and of advancing the text, one panel per model: a bar per
     dtype, its 95 % Wilson interval, the paper's bfloat16 number (Gemma 3 1B on TPU) as a line."""
     t = ways_table(metrics)
@@ -390,7 +390,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     if len(table1(metrics)) > 1:
         paths += _figure_table1(metrics, figures_dir)
     if _several_ways(metrics):
-        paths += _figure_ways(metrics, figures_dir)
+        paths += ways_figure(metrics, figures_dir)
     return paths
 
 

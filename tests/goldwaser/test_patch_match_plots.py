@@ -42,3 +42,22 @@ def test_the_ways_table_counts_tokens_per_way_with_wilson_intervals(tmp_path):
     assert t.loc["action", "top1_hi_pct"] == 100.0 and t.loc["action", "max_rel_linf"] == 0.01
     assert t.loc["materialized", "max_hidden_rel"] == 0.2 * 3
     assert any(p.name == "bf16_ways.png" for p in plot(metrics, tmp_path))
+
+
+def test_the_margin_at_a_miss_is_read_from_the_same_model_when_run_ids_repeat_across_sweeps():
+    """Two sweeps each have a job "bf16-0": the with-context margin at a miss must come from the model that
+    missed, and the docs' table prints it."""
+    from experiments.goldwaser.bf16_ways import markdown
+    from experiments.goldwaser.patch_match_plots import ways_table
+
+    rows = []
+    for model, hit, margin in (("a", 0.0, 0.25), ("b", 1.0, 3.0)):
+        base = dict(model=model, dtype="bfloat16", variant="naive", apply="materialized", advance="context",
+                    run_id="bf16-0", prompt=0, step=0)
+        rows += [dict(base, metric="top1_match", value=hit), dict(base, metric="context_margin", value=margin),
+                 dict(base, metric="logit_linf_rel", value=0.01), dict(base, metric="tvd", value=0.01),
+                 dict(base, metric="hidden_rel", value=0.01, layer=0)]
+    t = ways_table(pd.DataFrame(rows)).set_index("model")
+    assert t.loc["a", "max_margin_at_misses"] == 0.25 and pd.isna(t.loc["b", "max_margin_at_misses"])
+    text = markdown(t.reset_index())
+    assert "| a | bfloat16 | naive | materialized | context | 0/1 |" in text and "| 0.25 |" in text
