@@ -342,9 +342,10 @@ def ways_figure(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     t["case"] = t["variant"].astype(str) + "\n" + t["apply"].astype(str) + "\n" + t["advance"].astype(str)
     models = sorted(t["model"].unique())
     dtypes = [d for d in ("float64", "float32", "bfloat16") if d in set(t["dtype"])]
-    fig, axes = new_figure(len(models), 1, width=max(3.6, 1.2 * t["case"].nunique() + 1.5), height=3.0)
+    most = int(t.groupby("model")["case"].nunique().max())
+    fig, axes = new_figure(1, len(models), width=max(4.0, 0.95 * most + 2.0), height=2.6)  # a row per model
     width = 0.8 / max(len(dtypes), 1)
-    for ax, model in zip(axes[0], models, strict=True):
+    for ax, model in zip(axes[:, 0], models, strict=True):
         rows = t[t["model"] == model]
         first = rows.drop_duplicates("case").set_index("case")
         cases = sorted(first.index, key=lambda c: (first.at[c, "variant"] != "naive", first.at[c, "variant"],
@@ -361,8 +362,8 @@ def ways_figure(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
         ax.set_ylim(0, 105)
         ax.set_ylabel("top-1 token agreement (%)")
         ax.set_title(f"{model}: variant / apply / advance", fontsize=8)
-    axes[0, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle("where bfloat16's gap comes from: W + ΔW written (materialized) or applied as an action, the text "
+    axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle("where bfloat16's gap comes from: W + ΔW written (materialized) or applied as an action,\nthe text "
                  "following the model with the context or the patched model's own tokens (95 % Wilson intervals)",
                  fontsize=8)
     return save_figure(fig, figures_dir, "bf16_ways")
