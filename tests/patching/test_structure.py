@@ -178,3 +178,14 @@ def test_the_experts_biases_fit_k_positions_exactly_up_to_the_number_of_experts(
 
     assert fit(3) < 1e-12
     assert fit(8) > 1e-3
+
+
+def test_a_saved_tiny_checkpoint_of_a_family_without_a_file_loads_as_a_users_folder(tmp_path):
+    """What docs/goldwaser.md's Table 1 sweep passes as model=FOLDER: the family is read from its tree."""
+    from experiments.patching.arch import adapter_for
+    from experiments.zoo.loading import load_model
+
+    folder = tiny.save_checkpoint("olmo3", tmp_path / "olmo3")
+    bundle = load_model(str(folder), torch.float32, torch.device("cpu"), seed=0)
+    assert adapter_for(bundle.model.config.model_type).family == "structural (olmo3)"
+    assert bundle.tokenizer("ab")["input_ids"]

@@ -112,3 +112,34 @@ def tiny_config(model_type: str, vocab_size: int):
         for k, v in {**keys, **tiny_common(vocab_size)}.items():
             setattr(stock, k, v)
         return stock
+
+
+def save_checkpoint(model_type: str, folder, seed: int = 0):
+    """`model_type`'s tiny model (`tiny_config`) with random weights and the byte tokenizer, saved as a checkpoint
+    folder that `model=FOLDER` loads like a user's: how the families without an adapter file enter a sweep
+    (docs/goldwaser.md's Table 1). A variant name (gemma4_text_per_layer) saves its base family's model."""
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from experiments.zoo.random_weights import randomize_
+    from experiments.zoo.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    torch.manual_seed(seed)
+    model = randomize_(AutoModelForCausalLM.from_config(tiny_config(model_type, len(tok))), seed).eval()
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+if __name__ == "__main__":  # python -m experiments.patching.arch.tiny DIR [NAME ...]: DIR/NAME for each
+    import sys
+    from pathlib import Path
+
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m experiments.patching.arch.tiny DIR [NAME ...] (default: every written-out family)")
+    for name in sys.argv[2:] or [*WRITTEN, *VARIANTS]:
+        print(save_checkpoint(name, Path(sys.argv[1]) / name))
