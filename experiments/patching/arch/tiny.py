@@ -123,6 +123,7 @@ def save_checkpoint(model_type: str, folder, seed: int = 0):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from experiments.core.atomic import save_pretrained
     from experiments.zoo.random_weights import randomize_
     from experiments.zoo.tokenizer import byte_tokenizer
 
@@ -130,8 +131,8 @@ def save_checkpoint(model_type: str, folder, seed: int = 0):
     torch.manual_seed(seed)
     model = randomize_(AutoModelForCausalLM.from_config(tiny_config(model_type, len(tok))), seed).eval()
     folder = Path(folder)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
+    save_pretrained(model, folder)  # the umask's mode, not transformers' 0600 safetensors
+    save_pretrained(tok, folder)
     return folder
 
 
