@@ -36,7 +36,7 @@ class Step:
     """One generated token: what the model with the context and the patched model without it say."""
 
     step: int
-    token_id: int  # the token generated (the baseline's choice, §4.1)
+    token_id: int  # the with-context model's choice (§4.1; the text follows it unless advance="patched")
     patched_token_id: int  # what the patched model would have chosen
     context: Tensor  # with-context logits
     patched: PatchedPass
