@@ -75,9 +75,6 @@ def validate(cfg: DictConfig) -> None:
     if str(cfg.get("stock_check", "auto")) != "auto" and VARIANTS[cfg.variant].evidence:
         raise UserError(f"stock_check={cfg.stock_check} is for the closed loop only: variant={cfg.variant}'s "
                         "patched pass already is the model's stock forward of weights computed before it runs")
-    if str(cfg.apply) == ACTION and not VARIANTS[cfg.variant].evidence:  # before the model is looked at
-        raise UserError(f"apply=action is for the open loop (naive, stable, conditioned): variant={cfg.variant} "
-                        "solves each layer inside the pass for its rounded weights; use apply=materialized")
     if cfg.sampling not in SAMPLING:
         raise UserError(f"sampling={cfg.sampling!r} is not one of {', '.join(SAMPLING)}")
     require_positive(cfg, "max_new_tokens")

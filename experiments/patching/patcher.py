@@ -192,8 +192,8 @@ def register_actions(model: nn.Module, actions: dict[str, RankOneAction]) -> lis
     for name, action in actions.items():
         module = model.get_submodule(name.rsplit(".", 1)[0])
 
-        def hook(m, args, output, action=action):
-            return output + action.correction(m, args[0])
+        def hook(_m, args, output, action=action, conv1d=type(module).__name__ == "Conv1D"):
+            return output + action.correction(args[0], conv1d)
 
         handles.append(module.register_forward_hook(hook))
     return handles

@@ -125,15 +125,15 @@ class RankOneAction:
         self.W, self.coef, self.vec = W, c.to(W.dtype), vec.to(W.dtype)
         return c
 
-    def correction(self, module, z: Tensor) -> Tensor:
-        """What the update adds to `module`'s output for its input z, in the model's dtype."""
-        if type(module).__name__ == "Conv1D":  # y = z W_storage: (W + c vᵀ) adds (z·c) vᵀ
+    def correction(self, z: Tensor, conv1d: bool = False) -> Tensor:
+        """What the update adds to its module's output for the input z, in the model's dtype."""
+        if conv1d:  # GPT-2's Conv1D, y = z W_storage: (W + c vᵀ) adds (z·c) vᵀ
             return (z @ self.coef).unsqueeze(-1) * self.vec
-        return (z @ self.vec).unsqueeze(-1) * self.coef  # y = z W_storageᵀ: adds (z·v) c
+        return (z @ self.vec).unsqueeze(-1) * self.coef  # nn.Linear, y = z W_storageᵀ: adds (z·v) c
 
     def linear(self, z: Tensor, bias: Tensor | None) -> Tensor:
         """The patched nn.Linear's output for z: its own product with W, plus the correction."""
-        return torch.nn.functional.linear(z, self.W, bias) + self.correction(None, z)
+        return torch.nn.functional.linear(z, self.W, bias) + self.correction(z)
 
 
 def patched_linear(z: Tensor, weight: Tensor | RankOneAction, bias: Tensor | None) -> Tensor:
