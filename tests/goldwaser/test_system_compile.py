@@ -38,7 +38,8 @@ def test_smoke_run_measures_every_method_on_both_splits(smoke_run):
     assert bake_rank.tolist() == [2.0]
     curve = m[m["metric"] == "bake_kl"].sort_values("step")
     assert curve["step"].tolist() == [1, 2, 3]
-    assert sorted(m.loc[m["metric"] == "bake_heldout_kl", "step"]) == [0, 2, 3]
+    curve = m[m["metric"] == "bake_eval_kl"]
+    assert sorted(curve["step"]) == [0, 2, 3] and set(curve["split"]) == {"heldout"}
     claims = pd.read_csv(smoke_run / "claims.csv").set_index("id")
     for x in ("analytic", "bake"):  # measured; on random weights they may fail
         assert f"system_compile.heldout.{x}_kl_below_control" in claims.index
@@ -54,6 +55,47 @@ def test_the_pareto_front_keeps_the_points_nothing_beats_on_both():
     from experiments.goldwaser.system_compile.plots import pareto
 
     assert pareto([(10, 0.5), (1, 0.9), (5, 0.95), (20, 0.1), (30, 0.2)]) == [(1, 0.9), (10, 0.5), (20, 0.1)]
+
+
+# -- budgets: chosen on a validation split, the held-out queries touched once ----------------------------------
+def test_a_budget_sweep_chooses_on_validation_queries_and_never_reads_the_heldout_ones(tmp_path, monkeypatch):
+    """Every point of each method's grid is compiled without the validation query and scored on it; the point
+    of lowest validation KL is compiled again on every fit query, and only it is measured on the held-out
+    queries. A spy on the KL measure sees which queries each sweep evaluation reads."""
+    from experiments.goldwaser.system_compile import study
+
+    real, read = study.mean_kl, []
+
+    def spy(ref, queries):
+        read.append([ref.splits[i] for i in queries])
+        return real(ref, queries)
+
+    monkeypatch.setattr(study, "mean_kl", spy)
+    from tests.in_process import run_claims
+
+    run_claims(EXPERIMENT, tmp_path / "run", "validation=1", "analytic_ranks=[null,1]", "ridges=[0,0.5]",
+               "bake_steps=[1,2]", "eval_every=1")
+    m = pd.read_csv(tmp_path / "run" / "metrics.csv")
+    val = m[m["metric"] == "validation_kl"]
+    assert sorted(val.groupby("method")["budget_point"].nunique().items()) == [("analytic", 4), ("bake", 2)]
+    assert set(m.loc[m["metric"] == "bake_eval_kl", "split"]) == {"validation"}  # the sweep's curves
+    assert all(split == ["fit"] for split in read)  # the validation query is a fit query; never a held-out one
+    heldout = m[(m["split"] == "heldout") & m["method"].isin(["analytic", "bake"])]
+    assert set(heldout["metric"]) == {"kl", "top1", "behaviour"} and heldout["budget_point"].isna().all()
+    for method, group in val.groupby("method"):
+        best = group.sort_values("value").iloc[0]  # the smoke run's KLs are distinct: no tie to break
+        final = m[(m["metric"] == "compile_s") & (m["method"] == method) & m["split"].isna()].iloc[0]
+        for knob in ("budget_rank", "budget_ridge", "budget_steps"):
+            assert (pd.isna(best[knob]) and pd.isna(final[knob])) or best[knob] == final[knob], (method, knob)
+
+
+def test_the_choice_is_the_lowest_validation_kl_a_tie_to_the_faster_compile_and_nan_last():
+    from experiments.goldwaser.system_compile.budgets import Point, choose
+
+    a, b, c = Point("bake", 2, steps=1), Point("bake", 2, steps=2), Point("bake", 4, steps=2)
+    assert choose([(a, 0.5, 1.0), (b, 0.2, 9.0), (c, 0.3, 2.0)]) == b
+    assert choose([(a, 0.2, 3.0), (b, 0.2, 1.0)]) == b
+    assert choose([(a, float("nan"), 0.1), (b, 0.9, 5.0)]) == b
 
 
 # -- the claims can fail ----------------------------------------------------------------------------------
@@ -89,10 +131,10 @@ def test_the_bakes_compile_time_leaves_out_its_heldout_evaluations(tmp_path, mon
     from experiments.goldwaser.system_compile import study
 
     clock = [0.0]
-    real = study.heldout_kl
+    real = study.mean_kl
 
-    def slow(ref):
-        measure = real(ref)
+    def slow(ref, queries):
+        measure = real(ref, queries)
 
         def timed(model):
             clock[0] += 1000.0
@@ -100,12 +142,12 @@ def test_the_bakes_compile_time_leaves_out_its_heldout_evaluations(tmp_path, mon
         return timed
 
     monkeypatch.setattr(study, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(study, "heldout_kl", slow)
+    monkeypatch.setattr(study, "mean_kl", slow)
     from tests.in_process import run_claims
 
     run_claims(EXPERIMENT, tmp_path / "run", "methods=[bake]", "eval_every=0")
     m = pd.read_csv(tmp_path / "run" / "metrics.csv")
-    assert m.loc[m["metric"] == "bake_heldout_kl", "step"].tolist() == [3]  # steps=3 in the smoke preset
+    assert m.loc[m["metric"] == "bake_eval_kl", "step"].tolist() == [3]  # steps=3 in the smoke preset
     bake = m[m["method"] == "bake"].set_index("metric")["value"]
     assert bake["compile_s"] == 0.0 and bake["bake_eval_s"] == 1000.0
 
@@ -169,6 +211,11 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     ("queries=[Hi?,Why?,How so?,hi?,\"  WHY? \"]", "held-out query 'hi?' repeats a fit query"),
     ("lora_targets=[q_lin]", "q_lin names no module of tiny-llama"),
     (("save=bake", "methods=[analytic]"), "save=bake is not among methods"),
+    ("analytic_ranks=[null,2]", "2 budget points for analytic need validation=N"),
+    (("validation=3",), "validation=3 leaves no fit query to compile on"),
+    (("validation=1", "bake_steps=[0,2]"), "bake_steps=[0, 2] must hold positive integers"),
+    (("validation=1", "ridges=[0,-1]"), "ridges=[0.0, -1.0] must be 0"),
+    (("validation=1", "analytic_ranks=[2,2]"), "analytic's budget points repeat one another"),
 ])
 def test_bad_input_is_one_line(tmp_path, override, said):
     from tests.in_process import refusal

@@ -8,7 +8,8 @@ distributions are computed once, before training; the student reads each fit seq
 prompt. AdamW on the LoRA factors (gradient norm clipped, learning rate decaying linearly to 0), `batch` sequences a
 step (gradients accumulated one sequence at a time, so memory stays that of one sequence), drawn in a seeded
 order. Every step's training KL goes to
-metrics.csv (`bake_kl`), and every `eval_every` steps the held-out KL (`bake_heldout_kl`): the curve.
+metrics.csv (`bake_kl`), and every `eval_every` steps the KL on queries it is not trained on (`bake_eval_kl`, its
+`split` the validation queries when the run has some, else the held-out ones): the curve.
 
 After training the LoRA is merged into the weights (peft's merge_and_unload): what is measured and saved is
 a stock model whose target matrices changed, and `Merged.restore` puts the originals back."""
@@ -82,9 +83,10 @@ def _student_logits(model: nn.Module, ex: BakeExample) -> Tensor:
 
 
 def bake(model: nn.Module, data: list[BakeExample], s: BakeSettings, log: Callable[..., None],
-         heldout_kl: Callable[[nn.Module], float] | None = None) -> Merged:
+         eval_kl: Callable[[nn.Module], float] | None = None, eval_split: str = "heldout") -> Merged:
     """Train a LoRA on `data` (module docstring), merge it into `model`'s weights, and return what to
-    restore. `log(metric, value, step=)` takes the curve; `heldout_kl(model)` measures the held-out KL."""
+    restore. `log(metric, value, step=)` takes the curve; `eval_kl(model)` measures the KL on the `eval_split`
+    queries."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(s.seed)  # the LoRA's A factors (B starts at 0: step 0 is the unpatched model)
@@ -100,9 +102,9 @@ def bake(model: nn.Module, data: list[BakeExample], s: BakeSettings, log: Callab
     order = torch.Generator().manual_seed(s.seed)
     queue: list[int] = []
     try:
-        if heldout_kl is not None and s.eval_every:
+        if eval_kl is not None and s.eval_every:
             with torch.no_grad():
-                log("bake_heldout_kl", heldout_kl(wrapped), step=0)
+                log("bake_eval_kl", eval_kl(wrapped), step=0, split=eval_split)
         with progress(s.steps, "bake") as bar:
             for step in range(1, s.steps + 1):
                 optimizer.zero_grad(set_to_none=True)
@@ -119,9 +121,9 @@ def bake(model: nn.Module, data: list[BakeExample], s: BakeSettings, log: Callab
                 schedule.step()
                 log("bake_kl", total, step=step)
                 # eval_every=0: at the end only
-                if heldout_kl is not None and ((s.eval_every and step % s.eval_every == 0) or step == s.steps):
+                if eval_kl is not None and ((s.eval_every and step % s.eval_every == 0) or step == s.steps):
                     with torch.no_grad():
-                        log("bake_heldout_kl", heldout_kl(wrapped), step=step)
+                        log("bake_eval_kl", eval_kl(wrapped), step=step, split=eval_split)
                 bar.advance(1, info=f"KL {total:.3g}")
     except BaseException:
         wrapped.unload()  # the LoRA layers out again, the base weights untouched

@@ -11,6 +11,8 @@ compiled once and then applied to new queries without its tokens. For each syste
    - analytic: Table 1's fixed patch, least squares over every aligned position of every fit sequence,
      closed loop (analytic.py);
    - bake: a peft LoRA trained on KL(prompted ‖ unprompted + LoRA) (bake.py), merged into the weights.
+   With budget grids (budgets.py) each method's point is chosen first on a validation split of the fit
+   queries; the held-out queries choose nothing.
    Each is measured (measure.py) without the system prompt: the next-token KL and top-1 agreement along the
    prompted model's greedy reply, and the behaviour check (behaviours.py) on its own free generations, on
    the fit queries (for the analytic patch a construction) and on the held-out ones (the evidence). The
@@ -109,6 +111,7 @@ def validate(cfg: DictConfig) -> None:
     """Everything checkable before a run folder exists and before any model is loaded."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.goldwaser.common import check_context_length, check_stop_at_eos
+    from experiments.goldwaser.system_compile.budgets import check_budgets
     from experiments.goldwaser.system_compile.inputs import check_not_default, check_template, encode, split
     from experiments.patching.arch import adapter_for
     from experiments.zoo.loading import check_model
@@ -130,6 +133,7 @@ def validate(cfg: DictConfig) -> None:
     methods = [str(x) for x in cfg.methods]
     if not methods or len(set(methods)) != len(methods):
         raise UserError(f"methods={methods} must name analytic and/or bake, each once")
+    check_budgets(cfg, methods, len(fit))
     if cfg.save is not None and str(cfg.save) not in methods:
         raise UserError(f"save={cfg.save} is not among methods={methods}")
     if str(cfg.get("format", "merged")) == "peft" and cfg.save is None:

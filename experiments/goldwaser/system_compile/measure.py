@@ -53,12 +53,12 @@ def teacher_forced(model: nn.Module, ref: Reference, queries: list[int]) -> list
     return rows
 
 
-def heldout_kl(ref: Reference) -> Callable[[nn.Module], float]:
-    """The mean held-out KL of a model (the bake's curve)."""
-    held = ref.indices("heldout")
+def mean_kl(ref: Reference, queries: list[int]) -> Callable[[nn.Module], float]:
+    """A model's mean KL over `queries` (indices into `ref`): the bake's curve, a budget point's validation
+    score."""
 
     def measure(model: nn.Module) -> float:
-        return sum(kl for kl, _, _ in teacher_forced(model, ref, held)) / len(held)
+        return sum(kl for kl, _, _ in teacher_forced(model, ref, queries)) / len(queries)
     return measure
 
 

@@ -1,7 +1,8 @@
 """system_compile's figures, from metrics.csv alone: per system prompt and method, the held-out KL to the
 prompted model and the behaviour check's pass rate (bars; the fit queries as dots, a construction for the
 analytic patch); the bake's training curve beside the control's and the analytic patch's held-out KL; and
-held-out KL against compile seconds, every method's points with the Pareto front."""
+KL against compile seconds: every budget point on the validation queries, the chosen one on the held-out
+queries, the Pareto front."""
 
 from __future__ import annotations
 
@@ -61,12 +62,15 @@ def _figure_curve(m: pd.DataFrame, figures_dir: Path) -> list[Path]:
     held_kl = _per_prompt(m, "kl", "heldout")
     for ax, prompt in zip(axes[0], prompts, strict=True):
         rows = m[m["prompt"] == prompt]
+        final = rows[rows["budget_point"].isna()] if "budget_point" in rows else rows  # not a sweep's points
+        evals = final[final["metric"] == "bake_eval_kl"]
+        where = f"{evals['split'].iloc[0]} KL" if len(evals) else ""
         for metric, style, label in (("bake_kl", "-", "training KL (fit continuations)"),
-                                     ("bake_heldout_kl", "o--", "held-out KL")):
-            s = rows[rows["metric"] == metric].groupby("step")["value"].mean().sort_index()
+                                     ("bake_eval_kl", "o--", where)):
+            s = final[final["metric"] == metric].groupby("step")["value"].mean().sort_index()
             if len(s):
                 ax.plot(s.index, s.to_numpy(), style, ms=3, lw=1.1, color=COLORS["bake"], label=label,
-                        alpha=1.0 if metric == "bake_heldout_kl" else 0.6)
+                        alpha=1.0 if metric == "bake_eval_kl" else 0.6)
         for method, ls in (("control", ":"), ("analytic", "-.")):
             if method in held_kl and prompt in held_kl.index:
                 ax.axhline(held_kl.loc[prompt, method], ls=ls, lw=1, color=COLORS[method],
@@ -90,32 +94,54 @@ def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return front
 
 
+def _sweep_points(m: pd.DataFrame, method: str) -> pd.DataFrame:
+    """A budget sweep's points of `method`: validation KL and compile seconds per (prompt, budget_point)."""
+    rows = m[(m["method"] == method) & (m["split"] == "validation")]
+    if not len(rows) or "budget_point" not in rows:
+        return pd.DataFrame(columns=["s", "kl"])
+    wide = rows.pivot_table(index=["prompt", "budget_point"], columns="metric", values="value")
+    if not {"compile_s", "validation_kl"} <= set(wide.columns):
+        return pd.DataFrame(columns=["s", "kl"])
+    return wide.rename(columns={"compile_s": "s", "validation_kl": "kl"})[["s", "kl"]].dropna()
+
+
 def _figure_cost(m: pd.DataFrame, figures_dir: Path) -> list[Path]:
-    """Held-out KL against compile seconds: a point per (system prompt, method), the control as a line (no
-    compile), the Pareto front over every point marked."""
+    """KL against compile seconds. Filled: each (system prompt, method)'s compiled model on the held-out queries;
+    hollow: a budget sweep's points on the validation queries, among which the filled one was chosen. The control
+    as a line (no compile); the Pareto front over the sweep's points when there is a sweep (the held-out queries
+    choose nothing), else over the held-out points."""
     held = _per_prompt(m, "kl", "heldout")
-    seconds = m[m["metric"] == "compile_s"].groupby(["prompt", "method"])["value"].mean().unstack("method")
+    final = m[(m["metric"] == "compile_s") & m["split"].isna()] if "split" in m else m[m["metric"] == "compile_s"]
+    seconds = final.groupby(["prompt", "method"])["value"].mean().unstack("method")
     fig, axes = new_figure(1, 1, width=4.2, height=3.0)
-    ax, points = axes[0, 0], []
+    ax, held_points, sweep_points = axes[0, 0], [], []
     for method in ("analytic", "bake"):
+        sweep = _sweep_points(m, method)
+        if len(sweep):
+            ax.plot(sweep["s"], sweep["kl"], "o", mfc="none", mec=COLORS[method], ms=5, alpha=0.8,
+                    label=f"{LABELS[method]}: budget points, validation KL")
+            sweep_points += list(zip(sweep["s"], sweep["kl"], strict=True))
         if method not in seconds or method not in held:
             continue
         both = pd.concat([seconds[method].rename("s"), held[method].rename("kl")], axis=1).dropna()
-        ax.plot(both["s"], both["kl"], "o", color=COLORS[method], label=LABELS[method], ms=5, alpha=0.8)
+        ax.plot(both["s"], both["kl"], "o", color=COLORS[method], ms=5, alpha=0.9,
+                label=f"{LABELS[method]}{': chosen, held-out KL' if len(sweep) else ''}")
         for prompt, row in both.iterrows():
             ax.annotate(str(prompt), (row["s"], row["kl"]), fontsize=5, xytext=(3, 2), textcoords="offset points")
-        points += list(zip(both["s"], both["kl"], strict=True))
+        held_points += list(zip(both["s"], both["kl"], strict=True))
     if "control" in held:
         ax.axhline(float(held["control"].mean()), ls=":", color=COLORS["control"], label=LABELS["control"] + ", mean")
-    front = pareto(points)
+    front = pareto(sweep_points or held_points)
     if front:
-        ax.step(*zip(*front, strict=True), where="post", color="k", lw=0.8, label="Pareto front")
+        label = "Pareto front" + (" (validation)" if sweep_points else "")
+        ax.step(*zip(*front, strict=True), where="post", color="k", lw=0.8, label=label)
         ax.plot(*zip(*front, strict=True), "s", mfc="none", mec="k", ms=9, mew=0.8)
-    ax.set_xscale("log")
+    if all(x > 0 for x, _ in sweep_points + held_points):
+        ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("compile seconds (held-out evaluations excluded)")
-    ax.set_ylabel("held-out KL, nats/token")
-    ax.legend(fontsize=6)
+    ax.set_xlabel("compile seconds (curve evaluations excluded)")
+    ax.set_ylabel("KL(prompted ‖ model), nats/token")
+    ax.legend(fontsize=5.5)
     return save_figure(fig, figures_dir, "kl_vs_compile_s")
 
 

@@ -92,7 +92,14 @@ class SystemCompile:
     steps: int = 60
     lr: float = 1e-3
     batch: int = 4  # fit sequences per optimizer step
-    eval_every: int = 10  # held-out KL during training, every this many steps (0: at the end only)
+    eval_every: int = 10  # the curve: KL during training every this many steps, on the validation queries when
+    # there are some, else the held-out ones (0: at the end only)
+    # budgets: the points each method is compiled at, chosen among on a validation split (budgets.py)
+    validation: int = 0  # the last `validation` fit queries choose the budget point; no point is fitted on them
+    analytic_ranks: list[int | None] = field(default_factory=list)  # [] = [analytic_rank]; null: full rank
+    ridges: list[float] = field(default_factory=list)  # [] = [ridge]
+    bake_ranks: list[int] = field(default_factory=list)  # [] = [rank]
+    bake_steps: list[int] = field(default_factory=list)  # [] = [steps]
     # claims and artefacts
     kl_ratio: float = 0.9  # KL claims: a method's held-out KL at most this fraction of the other side's
     margin: float = 0.0  # behaviour claims: lower end of the 95 % interval above the control's upper end by this

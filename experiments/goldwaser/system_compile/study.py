@@ -15,8 +15,9 @@ from experiments.core.results import RunContext
 from experiments.goldwaser.system_compile.analytic import FitSequence, budget, fit_patch, fit_targets
 from experiments.goldwaser.system_compile.bake import BakeExample, BakeSettings, bake
 from experiments.goldwaser.system_compile.behaviours import check_for
+from experiments.goldwaser.system_compile.budgets import Point, choose, points
 from experiments.goldwaser.system_compile.inputs import QueryIds, encode
-from experiments.goldwaser.system_compile.measure import Generation, Reference, heldout_kl, measure_model
+from experiments.goldwaser.system_compile.measure import Generation, Reference, mean_kl, measure_model
 from experiments.goldwaser.system_compile.replies import generate, reply_logits
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,13 @@ class Prompt:
 
 @dataclass(frozen=True)
 class FitItem:
-    """One continuation the methods are fitted on: a fit query's ids, the reply, the teacher's logits along it."""
+    """One continuation the methods are fitted on: a fit query's ids, the reply, the teacher's logits along it,
+    and the query's index in the reference (a budget sweep leaves its validation queries' items out)."""
 
     ids: QueryIds
     reply: tuple[int, ...]
     logits: torch.Tensor
+    query: int
 
 
 @torch.no_grad()
@@ -53,37 +56,44 @@ def fit_items(cfg: DictConfig, model, ref: Reference, gen: Generation, seed: int
     sampled at `temperature` from a generator seeded with `seed`."""
     fit = ref.indices("fit")
     if str(cfg.continuations) == "greedy":
-        return [FitItem(ref.ids[i], tuple(ref.replies[i]), ref.logits[i]) for i in fit]
+        return [FitItem(ref.ids[i], tuple(ref.replies[i]), ref.logits[i], i) for i in fit]
     generator = torch.Generator().manual_seed(seed)
-    ids = [ref.ids[i] for i in fit for _ in range(int(cfg.samples))]
+    queries = [i for i in fit for _ in range(int(cfg.samples))]
+    ids = [ref.ids[i] for i in queries]
     replies = generate(model, [i.prompted for i in ids], gen.max_new, set(gen.stop_ids), gen.pad_id,
                        generator=generator, temperature=float(cfg.temperature))
-    return [FitItem(i, tuple(r), reply_logits(model, i.prompted, r)) for i, r in zip(ids, replies, strict=True)]
+    return [FitItem(i, tuple(r), reply_logits(model, i.prompted, r), q)
+            for i, r, q in zip(ids, replies, queries, strict=True)]
 
 
-def compile_analytic(cfg: DictConfig, ctx: RunContext, lm, adapter, items: list[FitItem], pad_id: int, **index):
-    """Table 1's fixed patch over every fit position (analytic.py), with its per-layer fit logged."""
+def compile_analytic(cfg: DictConfig, ctx: RunContext, lm, adapter, items: list[FitItem], pad_id: int,
+                     point: Point, quiet: bool = False, **index):
+    """Table 1's fixed patch over every fit position (analytic.py) at `point`'s rank and ridge, with its
+    per-layer fit logged (not for a point of the budget sweep: `quiet`)."""
     suffix = str(cfg.fit_positions) == "suffix"
     sequences = [FitSequence((*it.ids.prompted, *it.reply[:-1]), (*it.ids.plain, *it.reply[:-1]),
                              (it.ids.shared - 1 + len(it.reply)) if suffix else len(it.reply)) for it in items]
     targets = fit_targets(lm, adapter, sequences, ctx.device)
-    rank = None if cfg.analytic_rank is None else int(cfg.analytic_rank)
-    patch = fit_patch(lm, adapter, sequences, targets, pad_id, rank, float(cfg.ridge))
-    for fit in patch.layers:
-        ctx.log_many(dict(z_rank=fit.rank, input_rel=fit.input_rel, output_residual=fit.output_residual,
-                          r_norm=fit.r_norm), layer=fit.layer, method="analytic", **index)
-    ctx.log("fit_positions", patch.k, method="analytic", **index)
-    return patch, budget(patch, lm, rank)
+    patch = fit_patch(lm, adapter, sequences, targets, pad_id, point.rank, point.ridge)
+    if not quiet:
+        for fit in patch.layers:
+            ctx.log_many(dict(z_rank=fit.rank, input_rel=fit.input_rel, output_residual=fit.output_residual,
+                              r_norm=fit.r_norm), layer=fit.layer, method="analytic", **index)
+        ctx.log("fit_positions", patch.k, method="analytic", **index)
+    return patch, budget(patch, lm, point.rank), 0.0
 
 
-def compile_bake(cfg: DictConfig, ctx: RunContext, lm, ref: Reference, items: list[FitItem], **index):
+def compile_bake(cfg: DictConfig, ctx: RunContext, lm, ref: Reference, items: list[FitItem], point: Point,
+                 curve: list[int], curve_split: str, **index):
+    """The baked LoRA at `point`'s rank and steps; its curve measured on `curve` (indices into `ref`; none when
+    empty), timed apart from the compile (returned third)."""
     data = [BakeExample(it.ids.plain, it.reply, torch.log_softmax(it.logits, -1)) for it in items]
-    settings = BakeSettings(rank=int(cfg.rank), alpha=float(cfg.alpha), targets=tuple(cfg.lora_targets),
-                            steps=int(cfg.steps), lr=float(cfg.lr), batch=int(cfg.batch),
+    settings = BakeSettings(rank=point.rank, alpha=float(cfg.alpha), targets=tuple(cfg.lora_targets),
+                            steps=point.steps, lr=float(cfg.lr), batch=int(cfg.batch),
                             eval_every=int(cfg.eval_every), seed=int(cfg.seed))
-    measure, spent = heldout_kl(ref), [0.0]
+    measure, spent = mean_kl(ref, curve) if curve else None, [0.0]
 
-    def timed(model) -> float:  # the held-out curve is a measurement, not compile work: timed apart
+    def timed(model) -> float:  # the curve is a measurement, not compile work: timed apart
         t0 = time.perf_counter()
         try:
             return measure(model)
@@ -92,8 +102,51 @@ def compile_bake(cfg: DictConfig, ctx: RunContext, lm, ref: Reference, items: li
 
     with torch.enable_grad():
         merged = bake(lm, data, settings, lambda metric, value, **at: ctx.log(metric, value, method="bake",
-                                                                                 **at, **index), timed)
+                                                                                 **{**index, **at}),
+                      timed if measure else None, curve_split)
     return merged, merged.budget(lm), spent[0]
+
+
+def compile_at(cfg: DictConfig, ctx: RunContext, lm, adapter, ref: Reference, items: list[FitItem],
+               gen: Generation, point: Point, curve: list[int], curve_split: str, quiet: bool = False, **index):
+    """One method compiled at one budget point: (the change to restore, its budget, compile seconds), the
+    seconds without the bake's curve evaluations (logged apart as bake_eval_s)."""
+    t0 = time.perf_counter()
+    if point.method == "analytic":
+        change, cost, evals_s = compile_analytic(cfg, ctx, lm, adapter, items, gen.pad_id, point, quiet, **index)
+    else:
+        change, cost, evals_s = compile_bake(cfg, ctx, lm, ref, items, point, curve, curve_split, **index)
+        ctx.log("bake_eval_s", evals_s, method=point.method, **index)
+    return change, cost, time.perf_counter() - t0 - evals_s
+
+
+def choose_point(cfg: DictConfig, ctx: RunContext, lm, adapter, ref: Reference, items: list[FitItem],
+                 gen: Generation, method: str, **index) -> Point:
+    """The method's budget point (budgets.py): the only one when there is no choice, else the one of lowest
+    KL on the validation queries, each point compiled on the other fit queries. Every point's validation KL
+    and compile seconds go to metrics.csv (split=validation) with its index (budget_point) and knobs
+    (budget_rank, budget_ridge, budget_steps)."""
+    grid = points(cfg, method)
+    validation = ref.indices("fit")[len(ref.indices("fit")) - int(cfg.validation):] if int(cfg.validation) else []
+    if not validation:
+        return grid[0]
+    train = [it for it in items if it.query not in set(validation)]
+    scored = []
+    for j, point in enumerate(grid):
+        log.info("%s: budget point %d/%d for %s (%s)", index["prompt"], j + 1, len(grid), method, point.label())
+        at = dict(index, budget_point=j, **point.columns())
+        change, _, seconds = compile_at(cfg, ctx, lm, adapter, ref, train, gen, point, validation,
+                                        "validation", quiet=True, **at)
+        try:
+            kl = mean_kl(ref, validation)(lm)
+        finally:
+            change.restore(lm)
+        ctx.log("validation_kl", kl, method=method, split="validation", **at)
+        ctx.log("compile_s", seconds, method=method, split="validation", **at)
+        scored.append((point, kl, seconds))
+    chosen = choose(scored)
+    log.info("%s: %s chose %s on %d validation queries", index["prompt"], method, chosen.label(), len(validation))
+    return chosen
 
 
 def run_prompt(cfg: DictConfig, ctx: RunContext, bundle, adapter, gen: Generation, p: int, prompt: Prompt,
@@ -117,16 +170,13 @@ def run_prompt(cfg: DictConfig, ctx: RunContext, bundle, adapter, gen: Generatio
     t0 = time.perf_counter()
     items = fit_items(cfg, model, ref, gen, seed=int(cfg.seed) + p)
     ctx.log("data_s", time.perf_counter() - t0, method="reference", **index)  # the fit continuations
+    curve = ref.indices("heldout")  # the final compile's curve: reporting only, it chooses nothing
     for method in [str(m) for m in cfg.methods]:
-        log.info("%s: compiling %r with %s", prompt.name, prompt.text, method)
-        t0 = time.perf_counter()
-        evals_s = 0.0
-        if method == "analytic":
-            change, cost = compile_analytic(cfg, ctx, model, adapter, items, gen.pad_id, **index)
-        else:
-            change, cost, evals_s = compile_bake(cfg, ctx, model, ref, items, **index)
-            ctx.log("bake_eval_s", evals_s, method=method, **index)
-        ctx.log("compile_s", time.perf_counter() - t0 - evals_s, method=method, **index)
+        point = choose_point(cfg, ctx, model, adapter, ref, items, gen, method, **index)
+        log.info("%s: compiling %r with %s (%s)", prompt.name, prompt.text, method, point.label())
+        change, cost, seconds = compile_at(cfg, ctx, model, adapter, ref, items, gen, point,
+                                           curve if not int(cfg.validation) else [], "heldout", **index)
+        ctx.log("compile_s", seconds, method=method, **index, **point.columns())
         try:
             ctx.log_many(cost, method=method, **index)
             texts[method] = measure_model(model, ref, gen, check, ctx.log, method=method, **index)
