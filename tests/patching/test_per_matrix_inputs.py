@@ -88,3 +88,11 @@ def test_every_variant_but_the_open_loop_is_refused_for_the_per_matrix_inputs_th
     with pytest.raises(UserError, match="the fixed patch fits every input matrix from the MLP's inputs"):
         check_fixed_patch(adapter)
     check_fixed_patch(replace(adapter, input_at={}))  # the control: without them, no refusal
+
+
+def test_the_fixed_patch_is_refused_in_one_line_before_loading(folder, icl, tmp_path):
+    r = icl("run", "context_compile", "preset=smoke", f"model={folder}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 2
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "the fixed patch fits every input matrix from the MLP's inputs" in errors[0], r.stderr
+    assert not (tmp_path / "run").exists()
