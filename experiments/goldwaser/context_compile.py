@@ -44,7 +44,7 @@ def validate(cfg: DictConfig) -> None:
     from experiments.goldwaser.common import check_stop_at_eos, prompt_list
     from experiments.goldwaser.context_compile_measure import sweep_ks
     from experiments.patching.arch import adapter_for
-    from experiments.patching.fixed_patch import rank_limit
+    from experiments.patching.fixed_patch import check_fixed_patch, rank_limit
     from experiments.zoo.loading import check_model
 
     if not str(cfg.model).strip():
@@ -63,6 +63,7 @@ def validate(cfg: DictConfig) -> None:
     if config.model_type == "gemma3":
         raise UserError(f"the compiled checkpoint is text-only (e.g. Gemma3ForCausalLM); {cfg.model} is multimodal")
     adapter = adapter_for(config.model_type)  # one line naming the supported ones
+    check_fixed_patch(adapter)
     limit = rank_limit(config, adapter)
     if ks[-1] > limit:
         raise UserError(f"k={ks[-1]} is more than {cfg.model}'s layers allow: the input update is exact at k "

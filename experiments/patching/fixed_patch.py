@@ -236,6 +236,7 @@ def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
     truncates every fitted matrix to its best rank-r approximation before the next layer is fitted;
     `ridge` > 0 replaces the pseudo-inverse by Tikhonov's regularized inverse (lemmas_ls.ridge_ls). The
     model's parameters are changed in place (restore with `.restore(model)`)."""
+    check_fixed_patch(adapter)
     layers = adapter.layers(model)
     names = {id(m): n for n, m in model.named_modules()}
     pick = RowPicker(rows, *input_ids.shape)
@@ -289,6 +290,18 @@ def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
     return patch
 
 
+def check_fixed_patch(adapter: BlockAdapter) -> None:
+    """One line when the fit cannot take the block: it fits every input matrix in the MLP's pre-hook, from
+    the MLP's inputs Z, and matrices that read their own inputs beside the MLP (Gemma 4's router and
+    experts) would be fitted to the wrong vectors."""
+    from experiments.core.errors import UserError
+
+    if adapter.input_at:
+        raise UserError(f"the fixed patch fits every input matrix from the MLP's inputs, and in {adapter.family} "
+                        f"{', '.join(adapter.input_at)} read their own inputs beside the MLP; patch it per token "
+                        "(patch_match variant=naive)")
+
+
 def rank_limit(config, adapter: BlockAdapter) -> int:
     """The most positions the input update can fit exactly: z has d = hidden size coordinates (and an
     outer matrix's input n ≥ d coordinates in every supported block)."""
@@ -297,4 +310,4 @@ def rank_limit(config, adapter: BlockAdapter) -> int:
 
 
 __all__ = ["EXACT_RULES", "EXPERTS", "FixedPatch", "LayerFit", "RowPicker", "Targets", "capture_targets",
-           "fit_fixed_patch", "layer_outputs", "rank_limit"]
+           "check_fixed_patch", "fit_fixed_patch", "layer_outputs", "rank_limit"]

@@ -91,6 +91,21 @@ def _scaled_branch(variant: str, adapter: BlockAdapter) -> str | None:
     return None
 
 
+IN_PASS = "updates every input matrix in the pass from the MLP's input"  # the closed loop (closed_loop.py)
+DOWN_STEP = "moves the one matrix before the post-MLP norm (W_down)"  # App. B (app_b.py)
+
+
+def _own_inputs(variant: str, adapter: BlockAdapter, does: str) -> str | None:
+    """Per-matrix inputs (Gemma 4's router and experts beside its MLP, each reading its own norm of v): the
+    closed loop updates every input matrix in the MLP's pre-hook from the MLP's input z′ (the router's and
+    the experts' inputs are other vectors), and App. B moves W_down, while the post-MLP norm here normalizes
+    the sum of the MLP's and the experts' branches. The open loop takes it: each update reads its own input."""
+    if not adapter.input_at:
+        return None
+    return (f"variant={variant} {does}, and in {adapter.family} {', '.join(adapter.input_at)} read their own "
+            "inputs beside the MLP, whose output the post-MLP norm sums with theirs; use variant=naive")
+
+
 def _shared_expert(variant: str, adapter: BlockAdapter) -> str | None:
     """The closed loop solves an MoE's routed experts in the pass for T − v as if they were the whole MLP; a
     shared expert beside them (Qwen3-Next) adds its own output, which that solve does not see (measured: 75 %
@@ -149,7 +164,8 @@ class Stable(OpenLoop):
     sign_target: ClassVar[bool] = False
 
     def unsupported(self, adapter):
-        return _needs_post_norm(self.name, adapter) or _scaled_branch(self.name, adapter)
+        return (_own_inputs(self.name, adapter, DOWN_STEP) or _needs_post_norm(self.name, adapter)
+                or _scaled_branch(self.name, adapter))
 
     def output_step(self):
         from experiments.patching.open_loop import stable_step
@@ -176,7 +192,8 @@ class ClosedLoop(Variant):
         return "conditioned" if self.conditioned and _post_norm_block(adapter) else "naive"
 
     def unsupported(self, adapter):
-        return _scaled_branch(self.name, adapter) or _shared_expert(self.name, adapter)
+        return (_own_inputs(self.name, adapter, IN_PASS) or _scaled_branch(self.name, adapter)
+                or _shared_expert(self.name, adapter))
 
     def patch(self, patcher, layer, target, args, kwargs):
         from experiments.patching.closed_loop import patched_layer_forward
@@ -191,8 +208,9 @@ class ClosedLoopScale(ClosedLoop):
     conditioned = False
 
     def unsupported(self, adapter):
-        if _scaled_branch(self.name, adapter):
-            return _scaled_branch(self.name, adapter)
+        why = _own_inputs(self.name, adapter, IN_PASS) or _scaled_branch(self.name, adapter)
+        if why:
+            return why
         if adapter.output_rule == SCALE and adapter.pre_norm_matrix:
             return None
         return (f"variant={self.name} (Thm 10 alone in the closed loop) is the post-norm closed loop without its "

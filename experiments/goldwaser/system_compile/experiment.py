@@ -111,6 +111,7 @@ def validate(cfg: DictConfig) -> None:
     from experiments.goldwaser.common import check_context_length, check_stop_at_eos
     from experiments.goldwaser.system_compile.inputs import check_not_default, check_template, encode, split
     from experiments.patching.arch import adapter_for
+    from experiments.patching.fixed_patch import check_fixed_patch
     from experiments.zoo.loading import check_model
 
     if not str(cfg.model).strip():
@@ -142,7 +143,9 @@ def validate(cfg: DictConfig) -> None:
                          resolve_device(str(cfg.get("device", "auto"))))
     if config.model_type == "gemma3":
         raise UserError(f"the compiled checkpoint is text-only (e.g. Gemma3ForCausalLM); {cfg.model} is multimodal")
-    adapter_for(config.model_type)  # one line naming the supported ones
+    adapter = adapter_for(config.model_type)  # one line naming the supported ones
+    if "analytic" in methods:
+        check_fixed_patch(adapter)
     if "bake" in methods:
         check_lora_targets(config, list(cfg.lora_targets), str(cfg.model))
     tok = load_tokenizer(str(cfg.model))

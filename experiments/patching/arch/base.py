@@ -4,7 +4,9 @@ The shared engine (`experiments/patching/patcher.py`) needs, per block:
 - where the layers are (`decoder`, `layers_attr`) and which module is the MLP (its input is z);
 - where the residual before the MLP, v, can be read (`residual_at`: a module whose input is v), or, for a
   parallel block, the attention module whose output A is added to x (v = x + A);
-- the input matrices that read z (each gets the rank-1 input update, Thms 6–7) and their layout;
+- the input matrices that read z (each gets the rank-1 input update, Thms 6–7) and their layout; a matrix
+  that reads its own function of v instead of the MLP's input (per-matrix inputs, `input_at`) gets its
+  update from where it reads;
 - the output rule (Thm 8–11) with the parameter it changes and what it reads (`captures`);
 - for a post-norm block, the matrix before the norm and how the norm stores its scale (App. B's variants
   and the closed loop's conditioning follow from these: `patching/variants.py`);
@@ -73,6 +75,26 @@ class BlockAdapter:
     # the patch makes u = u_C, so T = T_C; only the check reads these (where to compare v + branch)
     sum_at: str | None = None
     output_scale: str | None = None
+    # per-matrix inputs: an input matrix that does not read the MLP's input z but its own function of v (Gemma
+    # 4's router and experts beside its dense MLP, each behind a norm of v of its own) -> the module whose input
+    # it reads. Thm 7 needs of a matrix only that its input be a function of v alone: each gets the update from
+    # its own input, z_i -> z_i,C. Matrices not named here read z
+    input_at: dict[str, str] = field(default_factory=dict)
+
+    def input_key(self, name: str) -> str:
+        """The capture that holds what the input matrix `name` reads: "z", or "z@MODULE" (`input_at`)."""
+        return f"z@{self.input_at[name]}" if name in self.input_at else "z"
+
+    @property
+    def input_modules(self) -> tuple[str, ...]:
+        """The modules beside the MLP whose input an input matrix reads (`input_at`), each once."""
+        return tuple(dict.fromkeys(self.input_at.values()))
+
+    @property
+    def input_owners(self) -> tuple[str, ...]:
+        """The modules that hold the matrices reading their own inputs (`input_at`), each once: what the check
+        compares after the input update."""
+        return tuple(dict.fromkeys(name.rsplit(".", 1)[0] for name in self.input_at))
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return getattr(self.decoder(model), self.layers_attr)
