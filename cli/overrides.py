@@ -233,9 +233,9 @@ def _check_model_name(cfg: DictConfig) -> None:
     model = cfg.get("model")
     if not isinstance(model, str) or "/" in model or Path(model).expanduser().exists():
         return
-    from experiments.zoo.loading import OFFLINE_MODELS, REAL_OFFLINE_MODELS
+    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS, TRAINED_OFFLINE_MODELS
 
-    known = (*REAL_OFFLINE_MODELS, *OFFLINE_MODELS)  # the registry's trained ones too (qwen2.5-1.5 -> -1.5b)
+    known = (*TRAINED_OFFLINE_MODELS, *RANDOM_OFFLINE_MODELS)  # the registry's trained ones too (qwen2.5-1.5 -> -1.5b)
     if model in known:
         return
     close = difflib.get_close_matches(model, known, n=1, cutoff=0.8)

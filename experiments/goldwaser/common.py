@@ -107,11 +107,11 @@ def flag_random_weights(ctx: RunContext, model: str) -> None:
     """The goldwaser claims state what the paper measured on a trained Gemma 3: on an offline model with
     random weights a failure describes those weights (e.g. the open loop's amplification), not the paper.
     Said after the claims, with the way to trained weights."""
-    from experiments.zoo.loading import OFFLINE_MODELS
+    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS
 
     claims = ctx.claims()
     failed = claims.loc[~claims["passed"].astype(bool), "id"].tolist() if len(claims) else []
-    if model in OFFLINE_MODELS and failed:
+    if model in RANDOM_OFFLINE_MODELS and failed:
         ctx.notes.append(f"model={model} has random weights: the claims state what the paper measured on a trained "
                          f"Gemma 3, so {', '.join(failed)} failing here describes these random weights, as it may by "
                          "design; model=gemma-3-270m runs a trained Gemma 3 offline")

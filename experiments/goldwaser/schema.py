@@ -31,9 +31,8 @@ MARS_PROMPT = "Write a single-sentence weather forecast for Mars, from the persp
 class PatchMatch:
     """patch_match (§4–5, Figs. 3–4, Table 1)."""
 
-    # hub id | local folder | PATH.gguf | offline: gemma-3-270m, qwen2.5-0.5b (real, trained), tiny-gemma3,
-    # tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj, tiny-olmo2, tiny-qwen3, tiny-phi3, tiny-gpt-neox,
-    # gemma3-1b-random, llama3.2-1b-random
+    # hub id | local folder | PATH.gguf | offline: gemma-3-270m, qwen2.5-0.5b (real, trained), each family's
+    # tiny-<family> (random: docs/models.md's families table), gemma3-1b-random, llama3.2-1b-random
     model: str = "meta-llama/Llama-3.2-1B-Instruct"
     # the paper's open loop, whose agreement is evidence: naive (Alg. 1) | stable (App. B) | conditioned (W_down to
     # C·sign(d_C): Eq. 4 divides by ±1); stable and conditioned need a post-MLP norm (Gemma 3, OLMo 2).
@@ -130,10 +129,10 @@ class ContextCompile:
     """context_compile (beyond the papers, Goldwaser §6's open question)."""
 
     device: str = "cpu"
-    # hub id | local folder | offline: gemma-3-270m, qwen2.5-0.5b (real), tiny-llama, tiny-gpt2, tiny-gemma3,
-    # tiny-mixtral, tiny-gptj, tiny-olmo2, tiny-qwen3, tiny-phi3, tiny-gpt-neox (random). gemma-3-270m is a base
-    # model: it continues text (with its chat template it repeats the prompt), so the prompts are openings to
-    # continue and chat_template is false; for an instruction-tuned model set it true.
+    # hub id | local folder | offline: gemma-3-270m, qwen2.5-0.5b (real), each family's tiny-<family> (random:
+    # docs/models.md's families table). gemma-3-270m is a base model: it continues text (with its chat template
+    # it repeats the prompt), so the prompts are openings to continue and chat_template is false; for an
+    # instruction-tuned model set it true.
     model: str = "gemma-3-270m"
     prompt: str = "The lighthouse keeper found a message in a bottle. It said:"
     # more prompts for the sweep (a list, or a text file with one prompt a line)

@@ -73,10 +73,10 @@ def _positive(cfg: DictConfig, *keys: str) -> None:
 def load_tokenizer(name: str):
     """The model's tokenizer alone (no weights): what the template check needs before any model is loaded."""
     from experiments.core.errors import first_line
-    from experiments.zoo.loading import OFFLINE_MODELS, hub_reachable, local_checkpoint
+    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS, hub_reachable, local_checkpoint
     from experiments.zoo.tokenizer import byte_tokenizer
 
-    if name in OFFLINE_MODELS:
+    if name in RANDOM_OFFLINE_MODELS:
         return byte_tokenizer()
     from transformers import AutoTokenizer
 
