@@ -95,15 +95,14 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
     from experiments.goldwaser.context_compile_measure import PERTURB, sweep_ks
     from experiments.patching.arch import adapter_for
     from experiments.patching.compare import rounding_bar
-    from experiments.patching.fixed_patch import EXACT_RULES
 
     dtype = dtype_name(ctx.dtype)
-    rule = adapter_for(str(m["model_type"].dropna().iloc[0])).output_rule
+    rule = adapter_for(str(m["model_type"].dropna().iloc[0])).rule
     where = f"{cfg.model}, {dtype}"
     pos = m[m["metric"].isin(["top1_match", "logit_linf_rel"])]
     fixed = pos[pos["method"] == "fixed"]
     for k in sweep_ks(cfg):
-        if rule not in EXACT_RULES and k > 1:
+        if not rule.exact_at_k and k > 1:
             continue  # a bias or a scale cannot match k > 1 positions: its residual is reported (metrics)
         fk = fixed[(fixed["k"] == k) & (fixed["fitted"] == 1)]
         pk = pos[(pos["method"] == "perturbed") & (pos["k"] == k)]

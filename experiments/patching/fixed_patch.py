@@ -48,16 +48,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from experiments.patching.arch.base import CONV1D, EXPERTS, OUTER_WEIGHT, BlockAdapter
+from experiments.patching.arch.base import CONV1D, EXPERTS, BlockAdapter
 from experiments.patching.compare import comparable
 from experiments.patching.lemmas_ls import input_update_ls, relative_residual, ridge_ls, truncate
 from experiments.patching.rules import RULES
 from experiments.patching.rules.base import as_rows as _rows
 from experiments.patching.rules.base import module_input as _hidden
-
-# a matrix on the output side (outer weight, MoE): exact at k positions (independent inputs)
-EXACT_RULES = tuple(key for key, rule in RULES.items() if rule.exact_at_k)
-
 
 # -- what the with-context pass gives -----------------------------------------------------------------
 @dataclass
@@ -214,7 +210,7 @@ def _output_side(adapter: BlockAdapter, module: nn.Module, P: Tensor, args: tupl
     G = pick(_first(module.forward(*args, **kwargs)))  # .forward: no hooks
     R = R_of_g(G)
     sub_args, sub_kwargs = pick.args(args, kwargs)
-    if ridge and adapter.output_rule == OUTER_WEIGHT:  # ΔW′ Yᵀ ≈ Rᵀ, regularized
+    if ridge and adapter.rule.takes_ridge:  # ΔW′ Yᵀ ≈ Rᵀ, regularized
         delta, fitted = ridge_ls(R.T, _rows(_hidden(sub_args, sub_kwargs)), ridge), None
     else:  # the rule's least squares (a vector rule is overdetermined already)
         delta, fitted = adapter.rule.fit_positions(adapter, module, P, sub_args, sub_kwargs, R)
@@ -309,5 +305,5 @@ def rank_limit(config, adapter: BlockAdapter) -> int:
     return int(getattr(text, "hidden_size", None) or text.n_embd)
 
 
-__all__ = ["EXACT_RULES", "EXPERTS", "FixedPatch", "LayerFit", "RowPicker", "Targets", "capture_targets",
+__all__ = ["EXPERTS", "FixedPatch", "LayerFit", "RowPicker", "Targets", "capture_targets",
            "check_fixed_patch", "fit_fixed_patch", "layer_outputs", "rank_limit"]

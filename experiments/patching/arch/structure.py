@@ -33,18 +33,8 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from experiments.patching.arch.base import (
-    CONV1D,
-    EXPERTS,
-    EXPERTS_IN_OUT,
-    LINEAR,
-    MOE,
-    MOE_BIAS,
-    OUTER_BIAS,
-    OUTER_WEIGHT,
-    SCALE,
-    BlockAdapter,
-)
+from experiments.patching.arch.base import CONV1D, EXPERTS, EXPERTS_IN_OUT, LINEAR, BlockAdapter
+from experiments.patching.rules import MOE, MOE_BIAS, OUTER_BIAS, OUTER_WEIGHT, SCALE
 
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block")
 MIXER_NAMES = ("self_attn", "attention", "attn", "linear_attn", "conv", "mixer", "mamba", "token_mixer")
