@@ -114,8 +114,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
             bundle = load_model(str(cfg.model), resolve_dtype(dtype), ctx.device, seed=int(cfg.seed))
             encoded = [encode_prompt(bundle, text, None, bool(cfg.chat_template), ctx.device) for text in prompts]
             # the block's output rule decides what the open loop's claims expect (layer_errors_claims.py)
-            index = dict(model=str(cfg.model), preset=str(cfg.get("preset", "")), dtype=dtype, rule=adapter.output_rule.key,
-                         apply=str(cfg.apply))
+            index = dict(model=str(cfg.model), preset=str(cfg.get("preset", "")), dtype=dtype,
+                         rule=adapter.output_rule.key, apply=str(cfg.apply))
             original_sensitivity: dict = {}  # the unpatched model's: the same for every variant
             with threads_for(bundle.model):
                 for variant in variants:

@@ -51,9 +51,9 @@ from torch import Tensor, nn
 from experiments.patching.arch.base import CONV1D, EXPERTS, BlockAdapter
 from experiments.patching.compare import comparable
 from experiments.patching.lemmas_ls import input_update_ls, relative_residual, ridge_ls, truncate
-from experiments.patching.rules import RULES
 from experiments.patching.rules.base import as_rows as _rows
 from experiments.patching.rules.base import module_input as _hidden
+
 
 # -- what the with-context pass gives -----------------------------------------------------------------
 @dataclass
