@@ -200,12 +200,12 @@ def run_on_worker_rank(exp, cfg, run_dir: Path, run_id: str):
             pass
 
     ctx = WorkerRunContext(run_dir=Path(run_dir), experiment=exp.name, run_id=run_id)
-    ctx.device = local_device(resolve_device(cfg.get("device", "auto")))
-    ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
-    precision.pin(ctx.device, ctx.dtype, tf32=bool(cfg.get("tf32", False)),
-                  deterministic=bool(cfg.get("deterministic", False)))  # as rank 0's runner pins it
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
-    seed_everything(int(cfg.get("seed", 0)) + info().rank)
-    exp.run(cfg, ctx)
+    config = exp.config(cfg)  # the typed config, as rank 0's runner gives it
+    ctx.device = local_device(resolve_device(config.device))
+    ctx.dtype = resolve_dtype(config.dtype)
+    precision.pin(ctx.device, ctx.dtype, **precision.flags(config))  # as rank 0's runner pins it
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    seed_everything(config.seed + info().rank)
+    exp.run(config, ctx)
     return ctx

@@ -110,7 +110,7 @@ def random_rank1(shape: torch.Size, generator: torch.Generator, dtype, device) -
 
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     device, dtype = ctx.device, ctx.dtype
-    lr = float(cfg.finetune.lr)
+    lr = cfg.finetune.lr
     index = dict(seed=cfg.seed, dtype=dtype_name(dtype), lr=lr)
     model, built = pretrained_block(cfg, ctx)
     mlp, W0 = model.mlp, model.mlp.w1.weight

@@ -67,7 +67,7 @@ def grid_differences(model: ContextualBlock, cfg: DictConfig, generator: torch.G
 
 def run(cfg: DictConfig, ctx: RunContext) -> None:
     device, dtype = ctx.device, ctx.dtype
-    index = dict(seed=cfg.seed, dtype=dtype_name(dtype), mlp_skip=bool(cfg.model.mlp_skip))
+    index = dict(seed=cfg.seed, dtype=dtype_name(dtype), mlp_skip=cfg.model.mlp_skip)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(device, dtype)
     trained = train_validated(model, cfg, ctx, index, lambda m, val: validation_losses(m, val, cfg.eval.chunk))

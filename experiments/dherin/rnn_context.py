@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments.core.config_schema import node_values
 from experiments.core.errors import UserError
@@ -39,7 +39,7 @@ from experiments.dherin.loss_panels import draw_loss_panels
 from experiments.dherin.models.linreg import ContextualBlock
 from experiments.dherin.models.rnn import rnn_block
 from experiments.dherin.pretrained import build_model as build_attention_block
-from experiments.dherin.pretrained import load_checkpoint, predictions, validation_losses
+from experiments.dherin.pretrained import built_config, load_checkpoint, predictions, validation_losses
 from experiments.dherin.schema import LinregTrain
 from experiments.dherin.training import TrainSettings, claim_losses_agree, train, train_validated
 
@@ -62,7 +62,7 @@ def attention_model(cfg: DictConfig, ctx: RunContext) -> tuple[ContextualBlock, 
         torch.manual_seed(cfg.seed)
         init = build_attention_block(built).to(ctx.device, ctx.dtype).eval()
         return model.to(ctx.device, ctx.dtype).eval(), "loaded", init
-    built = OmegaConf.create({"task": OmegaConf.to_container(cfg.task), "model": OmegaConf.to_container(a.model)})
+    built = built_config(cfg.task, a.model)
     torch.manual_seed(cfg.seed)
     model = build_attention_block(built).to(ctx.device, ctx.dtype)
     init = copy.deepcopy(model).eval()

@@ -55,8 +55,8 @@ def measure(d: int, heads: int, inputs: str, cfg: DictConfig, generator: torch.G
 def shapes(cfg: DictConfig) -> list[tuple[str, int, int, str]]:
     """(sweep, d_model, heads, inputs): the nanoGPT shape with both inputs, then the two sweeps."""
     jobs = [("nanogpt", cfg.d_model, cfg.heads, inputs) for inputs in INPUTS]
-    jobs += [("d_model", int(d), int(d) // cfg.sweep.d_k, "unit_norm") for d in cfg.sweep.d_models]
-    jobs += [("heads", cfg.d_model, int(h), "unit_norm") for h in cfg.sweep.heads]
+    jobs += [("d_model", d, d // cfg.sweep.d_k, "unit_norm") for d in cfg.sweep.d_models]
+    jobs += [("heads", cfg.d_model, h, "unit_norm") for h in cfg.sweep.heads]
     return jobs
 
 

@@ -126,7 +126,7 @@ def train(target: BasisTarget, h: int, cfg: DictConfig, generator, device, dtype
 def expected_seconds(cfg: DictConfig, device, dtype) -> float:
     """A rough time for the whole run here: the FLOPs of training and of the ridge fit over a
     matmul throughput measured now (≈ 66 h² FLOPs per training sample-step, 22 h² per ridge sample)."""
-    h = max(int(v) for v in cfg.widths)
+    h = max(cfg.widths)
     a = torch.randn(2048, h, device=device, dtype=dtype)
     b = torch.randn(h, cfg.mult * h, device=device, dtype=dtype)
     a @ b
@@ -136,7 +136,7 @@ def expected_seconds(cfg: DictConfig, device, dtype) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     flops_per_s = 3 * 2 * 2048 * h * cfg.mult * h / max(time.perf_counter() - t0, 1e-9)
-    flops = sum(66 * int(w) ** 2 * (cfg.train.steps * cfg.train.batch) + 22 * int(w) ** 2 * cfg.ridge.samples
+    flops = sum(66 * w ** 2 * (cfg.train.steps * cfg.train.batch) + 22 * w ** 2 * cfg.ridge.samples
                 for w in cfg.widths)
     return flops / flops_per_s
 
@@ -150,8 +150,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     if device.type == "cpu" and eta > cfg.warn_after_s:
         log.warning("basis_transfer at these sizes on CPU: expect about %.1f hours here (preset=%s). It needs a "
                     "GPU (device=auto takes one); preset=cpu is the same protocol scaled to minutes.",
-                    eta / 3600, cfg.get("preset"))
-    for h in (int(v) for v in cfg.widths):
+                    eta / 3600, cfg.preset)
+    for h in cfg.widths:
         cpu_gen = torch.Generator().manual_seed(cfg.seed * 1000 + h)
         target = BasisTarget.random(h, cpu_gen).to(device, dtype)
         gen = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + h + 1)
@@ -250,9 +250,9 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 def validate(cfg: DictConfig) -> None:
     require_positive(cfg, "mult", "eval_samples", "chunk", "train.steps", "train.batch", "train.log_every",
                      "ridge.samples")
-    if not cfg.widths or any(int(h) < 1 for h in cfg.widths):
+    if not cfg.widths or any(h < 1 for h in cfg.widths):
         raise UserError(f"widths={list(cfg.widths)} must be a non-empty list of positive integers")
-    if cfg.ridge.samples < max(int(h) for h in cfg.widths):
+    if cfg.ridge.samples < max(cfg.widths):
         raise UserError(f"ridge.samples={cfg.ridge.samples} is below the width {max(cfg.widths)}: the linear fit "
                         "would be underdetermined")
     if not cfg.train.lr > 0 or cfg.train.weight_decay < 0 or not cfg.train.clip > 0:

@@ -295,9 +295,9 @@ def validate(cfg: DictConfig) -> None:
                      "relu.samples", "remark5.samples_per_dim")
     if cfg.d_model % cfg.heads:
         raise UserError(f"d_model={cfg.d_model} is not divisible by heads={cfg.heads}")
-    if cfg.wq_rank is not None and not 0 <= int(cfg.wq_rank) <= cfg.d_model:
+    if cfg.wq_rank is not None and not 0 <= cfg.wq_rank <= cfg.d_model:
         raise UserError(f"wq_rank={cfg.wq_rank} must lie in [0, d_model={cfg.d_model}]")
-    if cfg.wq_rank is not None and int(cfg.wq_rank) < cfg.d_model:
+    if cfg.wq_rank is not None and cfg.wq_rank < cfg.d_model:
         raise UserError(f"wq_rank={cfg.wq_rank} < d_model={cfg.d_model} makes every W_Q singular: the W_Q = I "
                         "reparametrization needs W_Q in GL(d) (invertible); use wq_rank=null")
     r = cfg.relu
@@ -306,7 +306,7 @@ def validate(cfg: DictConfig) -> None:
                         f"j_size={r.j_size}, m={r.m}")
     if r.m > 14:
         raise UserError(f"relu.m={r.m}: the no-fit search enumerates 2^m sign patterns; keep m ≤ 14")
-    if any(int(d) < 3 for d in cfg.remark5.dims):
+    if any(d < 3 for d in cfg.remark5.dims):
         raise UserError("remark5.dims must all be at least 3 (LayerNorm's zero-mean subspace has dimension d − 1)")
 
 

@@ -176,7 +176,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 def validate(cfg: DictConfig) -> None:
-    if not cfg.dims or any(int(d) < 1 for d in cfg.dims):
+    if not cfg.dims or any(d < 1 for d in cfg.dims):
         raise UserError(f"dims={list(cfg.dims)} must be a non-empty list of positive integers")
     require_positive(cfg, "seq_len", "draws", "positions_logged", "late_window", "fit_min_t")
     if cfg.late_window > cfg.seq_len or cfg.fit_min_t * 4 > cfg.seq_len:

@@ -69,8 +69,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     grid = geometric_grid(cfg.max_n, cfg.grid_points)
     base = dict(seed=cfg.seed, dtype=dtype_name(ctx.dtype))
     # (variant, d, rho, streams): correlations at the base dimension, then dimensions for i.i.d. inputs.
-    jobs = [("rho", cfg.d, float(rho), cfg.streams) for rho in cfg.rhos]
-    jobs += [("dim", int(d), 0.0, max(8, cfg.stream_dims // int(d))) for d in cfg.trace_dims]
+    jobs = [("rho", cfg.d, rho, cfg.streams) for rho in cfg.rhos]
+    jobs += [("dim", d, 0.0, max(8, cfg.stream_dims // d)) for d in cfg.trace_dims]
     results = []
     with progress(len(jobs), "cov_rate") as bar:
         for variant, d, rho, streams in jobs:
@@ -178,7 +178,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 def validate(cfg: DictConfig) -> None:
-    if any(not 0 <= float(r) < 1 for r in cfg.rhos):
+    if any(not 0 <= r < 1 for r in cfg.rhos):
         raise UserError(f"rhos={list(cfg.rhos)}: AR(1) correlations must lie in [0, 1) for a stationary, mixing stream")
     require_positive(cfg, "d", "max_n", "streams", "grid_points", "fit_min_n", "stream_dims")
     if cfg.fit_min_n * 4 > cfg.max_n:
