@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.atomic import write_text_atomic
 from experiments.core.errors import UserError
@@ -31,6 +30,7 @@ from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
 from experiments.karbevski import wq_statements as st
 from experiments.karbevski.reparam import thm42_attention_skip_only
+from experiments.karbevski.schema import WqReparamConfig
 from experiments.karbevski.toy_transformer import Arch, forward, parameter_counts, random_weights
 
 PAPER = "Karbevski & Mijoski"
@@ -60,12 +60,12 @@ OBSTRUCTIONS = [
 NANOGPT_SAVED_M = 84.95 - 77.88  # Table 2: non-embedding params, baseline 124M minus W_Q = I 117M
 
 
-def shape(cfg: DictConfig) -> st.Shape:
+def shape(cfg: WqReparamConfig) -> st.Shape:
     return st.Shape(d_model=cfg.d_model, heads=cfg.heads, layers=cfg.layers, d_ff=cfg.d_ff, vocab=cfg.vocab,
                     seq_len=cfg.seq_len, batch=cfg.batch, ln_eps=cfg.ln_eps, wq_rank=cfg.wq_rank)
 
 
-def measure(key: str, fn, kwargs: dict, cfg: DictConfig, s: st.Shape, g: torch.Generator) -> dict:
+def measure(key: str, fn, kwargs: dict, cfg: WqReparamConfig, s: st.Shape, g: torch.Generator) -> dict:
     r = cfg.relu
     if key == "thm8_3":
         return st.thm83_absorb(r.h, r.m, r.j_size, r.samples, g)
@@ -74,7 +74,7 @@ def measure(key: str, fn, kwargs: dict, cfg: DictConfig, s: st.Shape, g: torch.G
     return fn(s, g, **kwargs)
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: WqReparamConfig, ctx: RunContext) -> None:
     g = torch.Generator().manual_seed(cfg.seed)
     s = shape(cfg)
     jobs = [(ref, what, label, fn, kw, "exact") for ref, what, label, fn, kw in EXACT]
@@ -124,7 +124,7 @@ def _meta_model(vocab: int, d: int, d_ff: int, layers: int, max_len: int) -> dic
 REDUCE = thm42_attention_skip_only
 
 
-def log_parameter_counts(ctx: RunContext, cfg: DictConfig, g: torch.Generator) -> dict:
+def log_parameter_counts(ctx: RunContext, cfg: WqReparamConfig, g: torch.Generator) -> dict:
     """Attention parameters of the toy model and of its Thm 4.2 reduction, counted from the reduced
     tensors, with the reduced model's own forward pass against the original's (relative max error);
     and nanoGPT's GPT-2 small shape reduced by the same function on shape-only (meta) tensors."""
@@ -150,7 +150,8 @@ def _worst(results: list[dict], field: str, reduce=max) -> float:
     return reduce(r[field] / r["scale"] for r in results)
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, results: dict, lemma84: list, remark5: list, counts: dict) -> None:
+def check_claims(ctx: RunContext, cfg: WqReparamConfig, results: dict, lemma84: list, remark5: list,
+                 counts: dict) -> None:
     k = cfg.claims
     for ref, what, label, _, _ in EXACT:
         rs = results[f"{ref}.{what}"]
@@ -290,7 +291,7 @@ def write_table(worst: pd.DataFrame, order: list[str], figures_dir: Path) -> Pat
     return path
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: WqReparamConfig) -> None:
     require_positive(cfg, "d_model", "heads", "layers", "d_ff", "vocab", "seq_len", "batch", "trials",
                      "relu.samples", "remark5.samples_per_dim")
     if cfg.d_model % cfg.heads:
