@@ -126,9 +126,13 @@ def typed(cfg):
     """A composed config as its schema's dataclass instance (OmegaConf.to_object): ints are ints, an Enum key
     holds its member, a list a list, a node its dataclass, and every default is the schema's, so code reads
     `cfg.k` and never casts or repeats a default. Hydra's own node (`hydra`, where the CLI composes with it
-    to check a job) is no key of the schema and is left out; `cfg` itself is not changed."""
+    to check a job) is no key of the schema and is left out; `cfg` itself is not changed. A config with no
+    schema (a test's, made by hand for a stand-in experiment; every composed one has its schema) is returned
+    as it is: attribute access reads it the same."""
     from omegaconf import OmegaConf, open_dict
 
+    if not dataclasses.is_dataclass(OmegaConf.get_type(cfg)):
+        return cfg
     if "hydra" in cfg:
         cfg = copy.copy(cfg)  # a shallow copy: the caller's config keeps its Hydra node
         with open_dict(cfg):

@@ -193,7 +193,7 @@ def run_on_worker_rank(exp, cfg, run_dir: Path, run_id: str):
     context that writes nothing (rank 0 writes run.json, the CSVs and the figures) and seed + rank."""
     from experiments.core import precision
     from experiments.core.results import RunContext
-    from experiments.core.runtime import resolve_device, resolve_dtype, seed_everything
+    from experiments.core.runtime import resolve_device, resolve_dtype, seed_everything, set_threads
 
     class WorkerRunContext(RunContext):
         def flush(self) -> None:  # rank 0 owns the files
@@ -204,8 +204,7 @@ def run_on_worker_rank(exp, cfg, run_dir: Path, run_id: str):
     ctx.device = local_device(resolve_device(config.device))
     ctx.dtype = resolve_dtype(config.dtype)
     precision.pin(ctx.device, ctx.dtype, **precision.flags(config))  # as rank 0's runner pins it
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    set_threads(config)
     seed_everything(config.seed + info().rank)
     exp.run(config, ctx)
     return ctx

@@ -28,6 +28,7 @@ from experiments.core.runtime import (
     resolve_device,
     resolve_dtype,
     seed_everything,
+    set_threads,
     use_device,
 )
 from experiments.core.summary import claim_line, run_summary
@@ -128,8 +129,7 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
             if exp.computes_in and asked[0].lower().startswith("cuda") and ctx.device.type != "cuda":
                 ctx.notes.append(f"{name} computes in {dtype_name(ctx.dtype)} on the {device} whatever device= "
                                  f"and dtype= say (device={asked[0]} here)")
-            if config.threads:
-                torch.set_num_threads(config.threads)
+            set_threads(config)
             record["torch_threads"] = torch.get_num_threads()
             record["device"] = describe_device(ctx.device)
             record["dtype"] = dtype_name(ctx.dtype)

@@ -63,6 +63,14 @@ def resolve_device(name: str) -> torch.device:
 _CHECKING_ELSEWHERE: ContextVar[bool] = ContextVar("checking_elsewhere", default=False)
 
 
+def set_threads(config) -> None:
+    """The run's intra-op CPU threads, Common's `threads` (null: torch's default). Read with getattr: a stand-in
+    experiment's config, made by hand in a test, may leave the key out."""
+    n = getattr(config, "threads", None)
+    if n:
+        torch.set_num_threads(n)
+
+
 def launched_elsewhere(cfg=None) -> bool:
     """The jobs run on other machines (hydra/launcher=slurm): whether this one (a login node) has CUDA says
     nothing about theirs, so checks of this machine's devices wait for the job. `cfg`: a config composed
