@@ -301,7 +301,10 @@ def check_job(exp: Experiment, cfg: DictConfig) -> None:
     _check_threads(cfg)
     _check_model_name(cfg)
     if exp.validate is not None:
-        exp.validate(cfg)
+        from experiments.core import runtime
+
+        with runtime.checking(cfg):  # the typed config has no Hydra node: where the job runs is said beside it
+            exp.validate(exp.config(cfg))
 
 
 def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConfig:

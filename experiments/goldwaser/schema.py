@@ -1,10 +1,10 @@
 """Goldwaser et al.'s experiments, their keys, types and paper defaults: patch_match and gemma_match
 (patch_match's keys and values, with Gemma 3 and the paper's open loop: a subclass), patch_export,
-layer_errors and context_compile. The patch variants are an Enum, the rest typed, so `k=many` or
-`variant=fast` fails while composing. What needs the model (its architecture, the variants it supports, k
-against its rank), the prompts file and the names inside a list (dtypes=, variants=) stay in each
-experiment's validate(). What a preset changes is in conf/preset_for/<name>/.
-Torch-free: registered before every composition."""
+layer_errors and context_compile. The patch variants are an Enum, as is every key that takes one of a few
+names (in a list too: dtypes=, variants=), the rest typed, so `k=many` or `variant=fast` fails while
+composing. What needs the model (its architecture, the variants it supports, k against its rank), the
+prompts file, ranges and keys against each other stay in each experiment's validate(). What a preset
+changes is in conf/preset_for/<name>/. Torch-free: registered before every composition."""
 
 from __future__ import annotations
 
@@ -21,6 +21,28 @@ from experiments.patching.variants import VARIANTS
 PatchVariant = StrEnum("PatchVariant", {name: name for name in VARIANTS})
 PatchApply = StrEnum("PatchApply", {name: name for name in APPLY_MODES})
 TextAdvance = StrEnum("TextAdvance", {name: name for name in ADVANCE_MODES})
+
+
+class Sampling(StrEnum):
+    """patch_match's `sampling=`: how the next token is chosen."""
+
+    greedy = "greedy"
+    sample = "sample"  # seeded; the with-context and the patched model draw with the same random state
+
+
+class StockCheck(StrEnum):
+    """patch_match's `stock_check=`: when the closed loop's patched weights also run as stock weights
+    (patch_match.STOCK_CHECK says what each does, `auto` is patch_match.stock_check's choice)."""
+
+    auto = "auto"
+    first = "first"
+    all = "all"
+    none = "none"
+
+
+# layer_errors' `dtypes=`: float64 end to end beside float32 (no half precision: its claims are about rounding
+# well below the bars the 16-bit formats set)
+LayerDtype = StrEnum("LayerDtype", {name: name for name in ("float32", "float64")})
 
 
 # Fig. 3's prompt (patch_match's, patch_export's, and one of layer_errors')
@@ -57,14 +79,13 @@ class PatchMatch:
     chat_template: bool = True  # wrap each prompt in the model's chat template when it has one
     image: str | None = None  # an image in the context (multimodal Gemma 3 only), or "synthetic"
     max_new_tokens: int = 100
-    # greedy | sample (seeded; both models sample with the same random state; patch_match.validate names them)
-    sampling: str = "greedy"
+    sampling: Sampling = Sampling.greedy  # greedy | sample (seeded; both models sample with the same random state)
     temperature: float = 1.0
     stop_at_eos: bool = True  # stop a reply at end of sequence / end of turn
     # closed loop only (an open loop's patched pass is the stock forward itself; refused there): also run the
     # patched weights as stock weights (the model's own parameters, no hooks): all tokens | first token of each
-    # prompt | none | auto: all on models up to 50M parameters, first above (patch_match.validate names them)
-    stock_check: str = "auto"
+    # prompt | none | auto: all on models up to 50M parameters, first above
+    stock_check: StockCheck = StockCheck.auto
     control: bool = True  # also run the unpatched model without context (the control)
 
 
@@ -104,11 +125,11 @@ class LayerErrors:
 
     # the real, trained Gemma 3 270M (offline); qwen2.5-0.5b | tiny-gemma3 | a local folder | a hub id
     model: str = "gemma-3-270m"
-    # this experiment's own dtypes (the model is loaded once in each; dtype= is not used); validate names the choices
-    dtypes: list[str] = default(["float32", "float64"])
-    # naive | stable | conditioned | closed_loop_scale | closed_loop (validate names the choices); null: naive,
-    # closed_loop_scale where the block has a post-MLP norm, closed_loop (with apply=action: the open loop alone)
-    variants: list[str] | None = None
+    # this experiment's own dtypes, float32 | float64 (the model is loaded once in each; dtype= is not used)
+    dtypes: list[LayerDtype] = default([LayerDtype.float32, LayerDtype.float64])
+    # naive | stable | conditioned | closed_loop_scale | closed_loop; null: naive, closed_loop_scale where the block
+    # has a post-MLP norm, closed_loop (with apply=action: the open loop alone)
+    variants: list[PatchVariant] | None = None
     # the open loop's matrices: materialized (W + ΔW rounded) | action (W·z + c (vᵀz) in the dtype; see PatchMatch)
     apply: PatchApply = PatchApply.materialized
     prompts: list[str] = default([
