@@ -47,7 +47,6 @@ def main() -> None:
     import torch
 
     from experiments.core.runtime import resolve_dtype
-    from experiments.patching.kinds import OUTER_WEIGHT, SCALE
     from experiments.patching.patcher import Patcher
     from experiments.patching.rules.scale import scale_input
     from experiments.zoo.loading import load_model
@@ -57,7 +56,7 @@ def main() -> None:
     bundle = load_model(a.model, resolve_dtype(a.dtype), "cpu")
     patcher = Patcher(bundle.model, "naive")
     adapter = patcher.adapter
-    if adapter.output_rule not in (OUTER_WEIGHT, SCALE):
+    if not (adapter.rule.takes_ridge or adapter.rule.post_norm):  # a matrix (Thm 9) or a post-norm scale (Thm 10)
         sys.exit(f"{a.model}: its output rule is {adapter.output_rule}; this table is for Thm 9 (outer weight) "
                  f"and Thm 10 (scale)")
     ids = encode_prompt(bundle, PROMPT)["input_ids"]
@@ -82,7 +81,7 @@ def main() -> None:
             row.setdefault("in_gain", []).append(in_gain)
             P = layer.get_parameter(adapter.output_param).double()
             dP = keep[prefix + adapter.output_param].double() - P
-            if adapter.output_rule == OUTER_WEIGHT:  # Thm 9: W_down
+            if not adapter.rule.post_norm:  # Thm 9: W_down
                 y = cap.values["y"].double()
                 row.setdefault("|y|", []).append(float(y.norm()))
                 row.setdefault("out_gain", []).append(float(torch.linalg.matrix_norm(dP))  # rank 1, as ΔW

@@ -8,6 +8,7 @@ experiments/<paper>/schema.py); this module only reads the failing exception's f
 from __future__ import annotations
 
 import difflib
+from enum import Enum
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -82,15 +83,17 @@ def ill_typed(key: str, value: Any, node: Any, parent: Any = None) -> str:
     """`seed='abc' is ill-typed: expected an integer`, or for an Enum `dtype='float8' is not one of ...`.
     `node` is the typed node that refused `value`; for an item of a typed list there is none, and the
     list (`parent`) says the items' type."""
-    if isinstance(node, EnumNode):
-        names = list(node._metadata.ref_type.__members__)
+    item_type = parent._metadata.element_type if node is None and isinstance(parent, ListConfig) else None
+    enum = node._metadata.ref_type if isinstance(node, EnumNode) else item_type
+    if isinstance(enum, type) and issubclass(enum, Enum):  # an Enum key, or an item of a list of names (dtypes=)
+        names = list(enum.__members__)
         close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
         mean = f"; did you mean {key}={close[0]}?" if close else ""
         return f"{key}={value!r} is not one of {', '.join(names)}{mean}"
     if isinstance(node, ListConfig):
         return f"{key}={value!r} is ill-typed: expected a list like [a,b]"
-    if node is None and isinstance(parent, ListConfig):
-        want = ITEM_EXPECTED.get(parent._metadata.element_type, "a value of the list's type")
+    if item_type is not None:
+        want = ITEM_EXPECTED.get(item_type, "a value of the list's type")
     else:
         want = next((w for t, w in EXPECTED.items() if isinstance(node, t)), "a value of its type")
     if node is not None and node._is_optional():

@@ -233,9 +233,9 @@ def _check_model_name(cfg: DictConfig) -> None:
     model = cfg.get("model")
     if not isinstance(model, str) or "/" in model or Path(model).expanduser().exists():
         return
-    from experiments.zoo.loading import OFFLINE_MODELS, REAL_OFFLINE_MODELS
+    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS, TRAINED_OFFLINE_MODELS
 
-    known = (*REAL_OFFLINE_MODELS, *OFFLINE_MODELS)  # the registry's trained ones too (qwen2.5-1.5 -> -1.5b)
+    known = (*TRAINED_OFFLINE_MODELS, *RANDOM_OFFLINE_MODELS)  # the registry's trained ones too (qwen2.5-1.5 -> -1.5b)
     if model in known:
         return
     close = difflib.get_close_matches(model, known, n=1, cutoff=0.8)
@@ -301,7 +301,10 @@ def check_job(exp: Experiment, cfg: DictConfig) -> None:
     _check_threads(cfg)
     _check_model_name(cfg)
     if exp.validate is not None:
-        exp.validate(cfg)
+        from experiments.core import runtime
+
+        with runtime.checking(cfg):  # the typed config has no Hydra node: where the job runs is said beside it
+            exp.validate(exp.config(cfg))
 
 
 def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConfig:

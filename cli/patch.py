@@ -12,23 +12,27 @@ from pathlib import Path
 
 import typer
 
+from experiments.patching.families import post_norm_names, tiny_models
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Patched checkpoints: a prompt's context moved into the weights (Goldwaser et al.).")
 
 # One line per paragraph (rich wraps them; a hard break would stay mid-sentence), and no square
-# brackets: rich reads `[prompt=TEXT]` as markup and drops it.
+# brackets: rich reads `[prompt=TEXT]` as markup and drops it. The families come from the torch-free family
+# table (experiments/patching/families.py), so `--help` stays quick and a new family is listed with no edit here.
+_POST_NORM = " and ".join(post_norm_names())
 EXPORT_HELP = "\n\n".join([
     "Patch MODEL for the last token of PROMPT and write OUT/patched (a stock Hugging Face checkpoint), "
     "OUT/base (the original, for random models), OUT/inputs.json (the context and query token ids) and "
     "OUT/run.json.",
     "Keys, as key=value (Hydra overrides; `icl-exp run patch_export --cfg job` prints them all):",
-    "model=ID, a local folder, or an offline model: gemma-3-270m, qwen2.5-0.5b (trained), tiny-gemma3, tiny-llama, "
-    "tiny-gpt2, tiny-mixtral, tiny-gptj, tiny-olmo2, tiny-qwen3, tiny-phi3, tiny-gpt-neox (default tiny-gemma3)",
+    "model=ID, a local folder, or an offline model: gemma-3-270m, qwen2.5-0.5b (trained), "
+    f"{', '.join(tiny_models())} (default tiny-gemma3)",
     "prompt=TEXT, the prompt whose context goes into the weights (default: the paper's Mars forecast prompt)",
     "out=DIR, the run folder (default results/patch_export/STAMP)",
-    "variant=naive, conditioned, stable (post-norm blocks: Gemma 3, OLMo 2), closed_loop (default: an open loop "
-    "exact on the family, conditioned on Gemma 3 and OLMo 2, naive on Llama-style blocks: evidence; the closed "
-    "loop only where none is, GPT-2: a construction)",
+    f"variant=naive, conditioned, stable (post-norm blocks: {', '.join(post_norm_names())}), closed_loop (default: "
+    f"an open loop exact on the family, conditioned on {_POST_NORM}, naive on Llama-style blocks: evidence; the "
+    "closed loop only where none is, GPT-2: a construction)",
     "dtype=float32, device=cpu, seed=0, chat_template=true (wrap the prompt in the model's chat template)",
     "Example: icl-exp patch export model=tiny-llama prompt=\"Write a haiku about snow.\" out=snow",
 ])

@@ -122,11 +122,33 @@ def register_schemas() -> None:
                 store.store(group=GROUP, name=experiment, node=schema, package="_global_")
 
 
+def typed(cfg):
+    """A composed config as its schema's dataclass instance (OmegaConf.to_object): ints are ints, an Enum key
+    holds its member, a list a list, a node its dataclass, and every default is the schema's, so code reads
+    `cfg.k` and never casts or repeats a default. Hydra's own node (`hydra`, where the CLI composes with it
+    to check a job) is no key of the schema and is left out; `cfg` itself is not changed. A config with no
+    schema (a test's, made by hand for a stand-in experiment; every composed one has its schema) is returned
+    as it is: attribute access reads it the same."""
+    from omegaconf import OmegaConf, open_dict
+
+    if not dataclasses.is_dataclass(OmegaConf.get_type(cfg)):
+        return cfg
+    if "hydra" in cfg:
+        cfg = copy.copy(cfg)  # a shallow copy: the caller's config keeps its Hydra node
+        with open_dict(cfg):
+            cfg.pop("hydra")
+    return OmegaConf.to_object(cfg)
+
+
 def node_values(node, schema: type) -> dict:
     """A config node's values for the fields of `schema` (a dataclass), as keyword arguments: how a
     settings class built on its schema node (gpt/train.py's and dherin/training.py's TrainSettings) is
-    made from the config, without copying it field by field. Keys the node lacks are left to the class."""
-    from omegaconf import OmegaConf
+    made from the config, without copying it field by field. Keys the node lacks are left to the class.
+    `node` is the typed config's dataclass instance, or a DictConfig node (as a test composes it)."""
+    if dataclasses.is_dataclass(node):
+        values = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
+    else:
+        from omegaconf import OmegaConf
 
-    values = OmegaConf.to_container(node, resolve=True)
+        values = OmegaConf.to_container(node, resolve=True)
     return {f.name: values[f.name] for f in dataclasses.fields(schema) if f.name in values}

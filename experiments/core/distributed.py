@@ -193,19 +193,18 @@ def run_on_worker_rank(exp, cfg, run_dir: Path, run_id: str):
     context that writes nothing (rank 0 writes run.json, the CSVs and the figures) and seed + rank."""
     from experiments.core import precision
     from experiments.core.results import RunContext
-    from experiments.core.runtime import resolve_device, resolve_dtype, seed_everything
+    from experiments.core.runtime import resolve_device, resolve_dtype, seed_everything, set_threads
 
     class WorkerRunContext(RunContext):
         def flush(self) -> None:  # rank 0 owns the files
             pass
 
     ctx = WorkerRunContext(run_dir=Path(run_dir), experiment=exp.name, run_id=run_id)
-    ctx.device = local_device(resolve_device(cfg.get("device", "auto")))
-    ctx.dtype = resolve_dtype(cfg.get("dtype", "float32"))
-    precision.pin(ctx.device, ctx.dtype, tf32=bool(cfg.get("tf32", False)),
-                  deterministic=bool(cfg.get("deterministic", False)))  # as rank 0's runner pins it
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
-    seed_everything(int(cfg.get("seed", 0)) + info().rank)
-    exp.run(cfg, ctx)
+    config = exp.config(cfg)  # the typed config, as rank 0's runner gives it
+    ctx.device = local_device(resolve_device(config.device))
+    ctx.dtype = resolve_dtype(config.dtype)
+    precision.pin(ctx.device, ctx.dtype, **precision.flags(config))  # as rank 0's runner pins it
+    set_threads(config)
+    seed_everything(config.seed + info().rank)
+    exp.run(config, ctx)
     return ctx

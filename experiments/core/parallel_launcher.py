@@ -64,7 +64,7 @@ def register_config() -> None:
 # -- the plan: where each job runs, decided before any starts --------------------------------------------------
 def job_device(cfg: DictConfig) -> str:
     """Where the job runs, as the runner will resolve it on this machine: cpu, cuda or cuda:K."""
-    device = str(cfg.get("device", "auto")).lower()
+    device = cfg.device.lower()
     if device == "auto":
         import torch
 

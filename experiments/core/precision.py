@@ -68,6 +68,12 @@ def set_deterministic(on: bool) -> None:
     torch.backends.cudnn.deterministic = on
 
 
+def flags(config) -> dict[str, bool]:
+    """pin()'s tf32= and deterministic= from a run's config: keys only the experiments that offer them declare
+    (gpt_wq); the others run IEEE float32 with torch's default kernels."""
+    return {"tf32": getattr(config, "tf32", False), "deterministic": getattr(config, "deterministic", False)}
+
+
 def pin(device: torch.device, dtype: torch.dtype, tf32: bool = False,
         deterministic: bool = False) -> tuple[str, list[str]]:
     """Set the run's float32 precision (and its kernels' determinism); return what run.json's `precision`

@@ -27,6 +27,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # One package per paper, in the order `icl-exp list` shows them.
 PAPER_PACKAGES = ("dherin", "goldwaser", "karbevski", "xu_fang")
 CONF_DIR = REPO_ROOT / "conf"
+# The one switch between the two kinds of config an experiment's run() and validate() take: the experiments
+# named here take the composed DictConfig, every other one its schema's dataclass instance
+# (Experiment.config). system_compile still reads its config as a DictConfig (casts, .get with defaults);
+# once it reads its typed config, this set is empty and goes.
+DICT_CONFIG_EXPERIMENTS = frozenset({"system_compile"})
 
 
 @dataclass(frozen=True)
@@ -35,9 +40,9 @@ class Experiment:
     paper: str  # e.g. "Dherin et al."
     figures: str  # e.g. "Fig. 2"
     description: str  # one line
-    run: Callable[[DictConfig, object], None]  # run(cfg, ctx: RunContext)
+    run: Callable[[object, object], None]  # run(cfg, ctx: RunContext); cfg: the typed config (config())
     plot: Callable[[pd.DataFrame, Path], list[Path]]  # plot(metrics, figures_dir) -> files written
-    validate: Callable[[DictConfig], None] | None = None  # raise UserError on bad config, before a run
+    validate: Callable[[object], None] | None = None  # raise UserError on bad config (config()), before a run
     # experiments whose run folder this one takes as `checkpoint=` (it loads their trained model instead of
     # training one): `icl-exp reproduce` runs them first and passes their folder
     needs: tuple[str, ...] = ()
@@ -52,6 +57,17 @@ class Experiment:
     # a sweep over seeds only: the fraction of seeds a claim must pass on to pass (core/seeds.py); every seed
     # unless an experiment says why fewer suffice
     seed_quorum: float = 1.0
+
+    def config(self, cfg: DictConfig):
+        """What run() and validate() take: the schema's dataclass instance (config_schema.typed), so an
+        experiment reads typed values and the schema's defaults, not casts and .get(key, default). Made at
+        the boundary, from the composed DictConfig that the runner keeps for what is written about a run
+        (run.json, the log) and that Hydra and the launchers pass around."""
+        if self.name in DICT_CONFIG_EXPERIMENTS:
+            return cfg
+        from experiments.core.config_schema import typed
+
+        return typed(cfg)
 
     @property
     def figures_label(self) -> str:

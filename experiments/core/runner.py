@@ -28,6 +28,7 @@ from experiments.core.runtime import (
     resolve_device,
     resolve_dtype,
     seed_everything,
+    set_threads,
     use_device,
 )
 from experiments.core.summary import claim_line, run_summary
@@ -102,7 +103,7 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
         "device": None,
         "dtype": None,
         "precision": None,
-        "seed": cfg.get("seed"),
+        "seed": cfg.seed,
         "preset": preset,
         "overrides": overrides,
         "torch_threads": torch.get_num_threads(),
@@ -118,27 +119,28 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
     try:
         with _sigterm_interrupts():
             progress.phase("setup")
-            asked = (str(cfg.get("device", "auto")), str(cfg.get("dtype", "float32")))
+            # The experiment gets its typed config; `cfg`, as composed, stays for what is written about the run
+            # (run.json, the log), where a value reads as it was given.
+            config = exp.config(cfg)
+            asked = (config.device, config.dtype)
             device, dtype = exp.computes_in or asked  # an experiment that computes in one place says so
             ctx.device = use_device(resolve_device(device))  # cuda -> cuda:K, K current
             ctx.dtype = resolve_dtype(dtype)
             if exp.computes_in and asked[0].lower().startswith("cuda") and ctx.device.type != "cuda":
                 ctx.notes.append(f"{name} computes in {dtype_name(ctx.dtype)} on the {device} whatever device= "
                                  f"and dtype= say (device={asked[0]} here)")
-            if cfg.get("threads"):
-                torch.set_num_threads(int(cfg.threads))
+            set_threads(config)
             record["torch_threads"] = torch.get_num_threads()
             record["device"] = describe_device(ctx.device)
             record["dtype"] = dtype_name(ctx.dtype)
-            record["precision"], notes = precision.pin(ctx.device, ctx.dtype, tf32=bool(cfg.get("tf32", False)),
-                                            deterministic=bool(cfg.get("deterministic", False)))
+            record["precision"], notes = precision.pin(ctx.device, ctx.dtype, **precision.flags(config))
             ctx.notes.extend(notes)
             write_json_atomic(run_json, record)
-            seed_everything(int(cfg.get("seed", 0)))
+            seed_everything(config.seed)
             log.info("%s: %s -> %s", name, exp.figures_label, run_dir)  # "patch_export: checkpoint -> ..."
             log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
             progress.phase("experiment")
-            exp.run(cfg, ctx)
+            exp.run(config, ctx)
             progress.phase("results")  # metrics.csv, claims.csv
             ctx.flush()
             progress.phase("figures")

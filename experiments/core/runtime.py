@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 import torch
@@ -56,12 +58,37 @@ def resolve_device(name: str) -> torch.device:
     raise UserError(f"device={name!r} is not one of {', '.join(DEVICES)}")
 
 
-def launched_elsewhere(cfg) -> bool:
+# Whether the job the CLI is checking runs on another machine, for its experiment's validate(): that gets the
+# job's typed config, which has no Hydra node to say (checking()).
+_CHECKING_ELSEWHERE: ContextVar[bool] = ContextVar("checking_elsewhere", default=False)
+
+
+def set_threads(config) -> None:
+    """The run's intra-op CPU threads, Common's `threads` (null: torch's default). Read with getattr: a stand-in
+    experiment's config, made by hand in a test, may leave the key out."""
+    n = getattr(config, "threads", None)
+    if n:
+        torch.set_num_threads(n)
+
+
+def launched_elsewhere(cfg=None) -> bool:
     """The jobs run on other machines (hydra/launcher=slurm): whether this one (a login node) has CUDA says
-    nothing about theirs, so checks of this machine's devices wait for the job (config composed with
-    Hydra's own node, as the CLI's checks compose it)."""
+    nothing about theirs, so checks of this machine's devices wait for the job. `cfg`: a config composed
+    with Hydra's own node, as the CLI's checks compose it; none: the job the CLI is checking (checking())."""
+    if cfg is None:
+        return _CHECKING_ELSEWHERE.get()
     choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
     return str(choices.get("hydra/launcher", "")) == "slurm"
+
+
+@contextmanager
+def checking(cfg):
+    """While the CLI checks the job composed as `cfg` (with Hydra's node): launched_elsewhere() answers for it."""
+    token = _CHECKING_ELSEWHERE.set(launched_elsewhere(cfg))
+    try:
+        yield
+    finally:
+        _CHECKING_ELSEWHERE.reset(token)
 
 
 # the GPUs a run in this process takes (use_device; a plain run's GPU from the CLI's checks on): a CUDA

@@ -45,14 +45,15 @@ def needs_gpu(cfg: DictConfig) -> bool:
     """Will this job run on CUDA? device=cuda says yes and device=cpu no; device=auto takes a GPU
     when there is one, so a job asks for one when the experiment needs it (require_gpu) or its preset
     is sized for one (gemma_match, basis_transfer, gpt_wq at preset=paper / gpu)."""
-    device = str(cfg.get("device", "auto")).lower()
+    device = cfg.device.lower()
     if device.startswith("cuda"):
         return True
     if device == "cpu":
         return False
     choices = cfg.hydra.runtime.choices if "hydra" in cfg else {}
     experiment, preset = choices.get("experiment"), choices.get("preset", "paper")
-    return bool(cfg.get("require_gpu", False)) or (experiment in GPU_EXPERIMENTS and preset in GPU_PRESETS)
+    # require_gpu: a key only the experiments too large for a CPU declare (gpt_wq)
+    return getattr(cfg, "require_gpu", False) or (experiment in GPU_EXPERIMENTS and preset in GPU_PRESETS)
 
 
 def resources_for(cfg: DictConfig, params: dict[str, Any]) -> dict[str, Any]:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+import functools
 
 from experiments.core.errors import UserError
 
 
-def require_positive(cfg: DictConfig, *keys: str) -> None:
-    """Each dotted key (e.g. "train.steps") must hold an integer of at least 1."""
+def require_positive(cfg, *keys: str) -> None:
+    """Each dotted key (e.g. "train.steps") of the typed config must be at least 1 (its type, an integer,
+    the schema already holds)."""
     for key in keys:
-        value = OmegaConf.select(cfg, key)
-        if int(value) < 1:
+        value = functools.reduce(getattr, key.split("."), cfg)
+        if value < 1:
             raise UserError(f"{key}={value} must be at least 1")

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
@@ -45,6 +44,7 @@ from experiments.dherin.dynamics import (
 from experiments.dherin.models.linreg import ContextualBlock
 from experiments.dherin.patched_forward import W_NAME, forward_with
 from experiments.dherin.pretrained import pretrained_block, untrained_block, validate_checkpoint
+from experiments.dherin.schema import DwConvergenceConfig
 
 SOURCE = "Dherin §4.3 Fig 3"
 
@@ -83,7 +83,7 @@ def dynamics_errors(model: ContextualBlock, tokens: torch.Tensor, a_prefix: torc
             "control": control, "output_scale": reference.abs().max()}
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: DwConvergenceConfig, ctx: RunContext) -> None:
     device, dtype = ctx.device, ctx.dtype
     index = dict(seed=cfg.seed, dtype=dtype_name(dtype))
     model, built = pretrained_block(cfg, ctx)
@@ -117,7 +117,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     check_claims(ctx, cfg, dtype, errors, curves)
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, dtype: torch.dtype, e: dict, curves: dict) -> None:
+def check_claims(ctx: RunContext, cfg: DwConvergenceConfig, dtype: torch.dtype, e: dict, curves: dict) -> None:
     eps = torch.finfo(dtype).eps
     bound = 100 * eps * max(1.0, float(e["output_scale"]))
     err31, err, ctrl = (e[k].double() for k in ("prop31", "patch", "control"))
@@ -220,7 +220,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "fig3_dw_convergence")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DwConvergenceConfig) -> None:
     require_positive(cfg, "dynamics.n_tasks", "task.n_examples", "eval.chunk", "eval.n_val_tasks", "train.steps")
     if cfg.task.n_examples < 3:
         raise UserError(f"task.n_examples={cfg.task.n_examples}: the dynamics needs at least 3 examples")

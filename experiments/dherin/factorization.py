@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 
 from experiments.core.errors import UserError
@@ -41,6 +40,7 @@ from experiments.dherin.dynamics import (
 from experiments.dherin.models.linreg import ContextualBlock
 from experiments.dherin.patched_forward import W_NAME, forward_with
 from experiments.dherin.pretrained import pretrained_block, validate_checkpoint
+from experiments.dherin.schema import FactorizationConfig
 from experiments.patching.rank1 import context_patch
 
 SOURCE = "Dherin App E"
@@ -96,7 +96,7 @@ def _gap(model: ContextualBlock, W: Tensor, tokens: Tensor, reference: Tensor) -
     return (forward_with(model, {W_NAME: W}, tokens)[:, -1] - reference).abs().max()
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: FactorizationConfig, ctx: RunContext) -> None:
     device, run_dtype = ctx.device, ctx.dtype
     model, built = pretrained_block(cfg, ctx)
     tasks = sample_prompts(cfg.factorization.n_tasks, cfg.task.n_examples, built.task.d,
@@ -191,7 +191,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "figE_factorization")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: FactorizationConfig) -> None:
     require_positive(cfg, "factorization.n_tasks", "task.n_examples", "eval.n_val_tasks", "train.steps")
     if cfg.model.mlp_skip:
         raise UserError("model.mlp_skip=true: App. E's dynamics is for the block without MLP skip (ΔW alone)")

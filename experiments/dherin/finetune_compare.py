@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
@@ -43,6 +42,7 @@ from experiments.data.linreg import sample_prompts
 from experiments.dherin.dynamics import prefix_contextual_outputs, prefix_model_outputs, prefix_patches_from_outputs
 from experiments.dherin.patched_forward import W_NAME, forward_with
 from experiments.dherin.pretrained import pretrained_block, validate_checkpoint
+from experiments.dherin.schema import FinetuneCompareConfig
 
 SOURCE = "Dherin §4.4 Fig 4"
 MLP_W = "w1.weight"  # W inside model.mlp
@@ -108,9 +108,9 @@ def random_rank1(shape: torch.Size, generator: torch.Generator, dtype, device) -
     return (u * v).to(device, dtype)
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: FinetuneCompareConfig, ctx: RunContext) -> None:
     device, dtype = ctx.device, ctx.dtype
-    lr = float(cfg.finetune.lr)
+    lr = cfg.finetune.lr
     index = dict(seed=cfg.seed, dtype=dtype_name(dtype), lr=lr)
     model, built = pretrained_block(cfg, ctx)
     mlp, W0 = model.mlp, model.mlp.w1.weight
@@ -272,7 +272,7 @@ def _band(ax, agg: pd.DataFrame, label: str, **style) -> None:
     mean_band(ax, agg, "context_length", label=label, lw=1.3, **style)
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: FinetuneCompareConfig) -> None:
     if not (math.isfinite(cfg.finetune.lr) and cfg.finetune.lr > 0):  # a number: the schema types it
         raise UserError(f"finetune.lr={cfg.finetune.lr} must be a positive number")
     require_positive(cfg, "finetune.n_trials", "task.n_examples", "eval.n_val_tasks", "train.steps")

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import metric, new_figure, save_figure
@@ -31,13 +30,14 @@ from experiments.dherin.loss_panels import draw_loss_panels
 from experiments.dherin.models.linreg import ContextualBlock
 from experiments.dherin.patched_forward import predictions_three_ways
 from experiments.dherin.pretrained import build_model, save_checkpoint, validation_losses
+from experiments.dherin.schema import LinregIclConfig
 from experiments.dherin.training import claim_losses_agree, train_validated
 
 SOURCE = "Dherin §4.2 Fig 2"
 
 
 @torch.no_grad()
-def grid_differences(model: ContextualBlock, cfg: DictConfig, generator: torch.Generator, device, dtype):
+def grid_differences(model: ContextualBlock, cfg: LinregIclConfig, generator: torch.Generator, device, dtype):
     """Mean over fresh tasks of |Φ_W(C,x) − Φ_{W+ΔW}(x)| (and of the control) at each grid point."""
     e, d, n = cfg.eval, cfg.task.d, cfg.task.n_examples
     axis = torch.linspace(-e.grid_range, e.grid_range, e.grid_size)
@@ -65,9 +65,9 @@ def grid_differences(model: ContextualBlock, cfg: DictConfig, generator: torch.G
     return points.numpy(), means
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: LinregIclConfig, ctx: RunContext) -> None:
     device, dtype = ctx.device, ctx.dtype
-    index = dict(seed=cfg.seed, dtype=dtype_name(dtype), mlp_skip=bool(cfg.model.mlp_skip))
+    index = dict(seed=cfg.seed, dtype=dtype_name(dtype), mlp_skip=cfg.model.mlp_skip)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(device, dtype)
     trained = train_validated(model, cfg, ctx, index, lambda m, val: validation_losses(m, val, cfg.eval.chunk))
@@ -145,7 +145,7 @@ def _heat(fig, ax, frame: pd.DataFrame, title: str, cbar_label: str) -> None:
     ax.grid(False)
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: LinregIclConfig) -> None:
     if cfg.task.d != 2:
         raise UserError(f"task.d={cfg.task.d}: Fig. 2's grid is over (x1, x2), so linreg_icl needs task.d=2")
     if cfg.model.d_model % cfg.model.n_heads:

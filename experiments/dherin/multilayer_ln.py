@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.chunks import in_chunks
 from experiments.core.errors import UserError
@@ -31,18 +30,19 @@ from experiments.data.linreg import sample_prompts
 from experiments.dherin.loss_panels import draw_loss_panels
 from experiments.dherin.models.post_ln_stack import PostLNStack
 from experiments.dherin.pretrained import loss_summary
+from experiments.dherin.schema import MultilayerLnConfig
 from experiments.dherin.stack_patch import query_block_outputs_three_ways, stack_predictions_three_ways
 from experiments.dherin.training import claim_losses_agree, train_validated
 
 SOURCE = "Dherin App. C.1 Fig 5"
 
 
-def build_model(cfg: DictConfig) -> PostLNStack:
+def build_model(cfg: MultilayerLnConfig) -> PostLNStack:
     m = cfg.model
     return PostLNStack(cfg.task.d, n_layers=m.n_layers, d_model=m.d_model, n_heads=m.n_heads, d_mlp=m.d_mlp)
 
 
-def removed_examples(cfg: DictConfig) -> int | None:
+def removed_examples(cfg: MultilayerLnConfig) -> int | None:
     """k of `patch.remove_first` (Y = the first k examples), or None for all of C (the paper's Y = C)."""
     k = cfg.patch.remove_first
     return None if k is None else int(k)
@@ -53,7 +53,7 @@ def validation_losses(model: PostLNStack, val, chunk: int, n_removed: int | None
     return loss_summary(preds, val.targets)
 
 
-def block_differences(model: PostLNStack, cfg: DictConfig, generator: torch.Generator, device, dtype,
+def block_differences(model: PostLNStack, cfg: MultilayerLnConfig, generator: torch.Generator, device, dtype,
                       n_removed: int | None) -> dict[str, np.ndarray]:
     """Per task and block (tasks, L): ‖Φ⁽ⁱ⁾_{W,b}(C,x) − Φ⁽ⁱ⁾_{W+ΔW,b+Δb}(C∖Y,x)‖₂, the same for the
     control (unpatched, without Y), and ‖Φ⁽ⁱ⁾(C,x)‖₂ for scale. Norms in float64 of the run-dtype outputs."""
@@ -65,7 +65,7 @@ def block_differences(model: PostLNStack, cfg: DictConfig, generator: torch.Gene
             "output": full.norm(dim=-1).cpu().numpy()}
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: MultilayerLnConfig, ctx: RunContext) -> None:
     device, dtype = ctx.device, ctx.dtype
     k = removed_examples(cfg)
     index = dict(seed=cfg.seed, dtype=dtype_name(dtype), removed=cfg.task.n_examples if k is None else k)
@@ -143,7 +143,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "fig5_multilayer_ln")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: MultilayerLnConfig) -> None:
     if cfg.model.d_model % cfg.model.n_heads:
         raise UserError(f"model.d_model={cfg.model.d_model} must be divisible by model.n_heads={cfg.model.n_heads}")
     require_positive(cfg, "model.n_layers", "train.steps", "train.batch_size", "train.eval_every", "task.n_examples",

@@ -7,6 +7,7 @@ rnn_context take it from there (`checkpoint=PATH`) or train the same model thems
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -48,7 +49,7 @@ def validation_losses(model: ContextualBlock, val, chunk: int) -> dict[str, floa
 def save_checkpoint(model: ContextualBlock, cfg: DictConfig, path: Path) -> None:
     """Weights + the config that built them, so later experiments can load them (checkpoint=PATH)."""
     blob = {"state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
-            "task": OmegaConf.to_container(cfg.task), "model": OmegaConf.to_container(cfg.model)}
+            "task": dataclasses.asdict(cfg.task), "model": dataclasses.asdict(cfg.model)}
     write_atomic(path, lambda p: torch.save(blob, p))
 
 
@@ -73,7 +74,7 @@ def load_checkpoint(path: str | Path) -> tuple[ContextualBlock, DictConfig]:
         raise UserError(f"checkpoint={path}: not a linreg_icl checkpoint ({type(err).__name__})") from None
     if not isinstance(blob, dict) or not {"state_dict", "task", "model"} <= blob.keys():
         raise UserError(f"checkpoint={path}: not a linreg_icl checkpoint (expected keys state_dict, task, model)")
-    built = OmegaConf.create({"task": blob["task"], "model": blob["model"]})
+    built = built_config(blob["task"], blob["model"])
     model = build_model(built)
     try:
         model.load_state_dict(blob["state_dict"])
@@ -82,8 +83,17 @@ def load_checkpoint(path: str | Path) -> tuple[ContextualBlock, DictConfig]:
     return model, built
 
 
-def validate_checkpoint(cfg: DictConfig) -> None:
-    if cfg.get("checkpoint"):
+def built_config(task, model) -> DictConfig:
+    """The task and model config that build a block (`task`, `model`: the typed config's nodes, or a
+    checkpoint's dicts), as a checkpoint keeps it and load_checkpoint returns it."""
+    def plain(node) -> dict:
+        return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else node
+
+    return OmegaConf.create({"task": plain(task), "model": plain(model)})
+
+
+def validate_checkpoint(cfg) -> None:
+    if cfg.checkpoint:
         _, built = load_checkpoint(cfg.checkpoint)
         if built.task.d != cfg.task.d:
             raise UserError(f"checkpoint={cfg.checkpoint} was trained with task.d={built.task.d}, "
@@ -103,8 +113,8 @@ def pretrained_block(cfg: DictConfig, ctx: RunContext) -> tuple[ContextualBlock,
     def losses(model: ContextualBlock, val) -> dict[str, float]:
         return validation_losses(model, val, cfg.eval.chunk)
 
-    built = OmegaConf.create({"task": OmegaConf.to_container(cfg.task), "model": OmegaConf.to_container(cfg.model)})
-    if cfg.get("checkpoint"):
+    built = built_config(cfg.task, cfg.model)
+    if cfg.checkpoint:
         model, built = load_checkpoint(cfg.checkpoint)
         model = model.to(ctx.device, ctx.dtype).eval()
         val = validation_set(cfg, ctx.device, ctx.dtype)

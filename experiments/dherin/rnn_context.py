@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from experiments.core.config_schema import node_values
 from experiments.core.errors import UserError
@@ -39,8 +38,8 @@ from experiments.dherin.loss_panels import draw_loss_panels
 from experiments.dherin.models.linreg import ContextualBlock
 from experiments.dherin.models.rnn import rnn_block
 from experiments.dherin.pretrained import build_model as build_attention_block
-from experiments.dherin.pretrained import load_checkpoint, predictions, validation_losses
-from experiments.dherin.schema import LinregTrain
+from experiments.dherin.pretrained import built_config, load_checkpoint, predictions, validation_losses
+from experiments.dherin.schema import LinregTrain, RnnContextConfig
 from experiments.dherin.training import TrainSettings, claim_losses_agree, train, train_validated
 
 SOURCE = "Dherin App. D.1 Fig 6"
@@ -52,7 +51,7 @@ SOURCE = "Dherin App. D.1 Fig 6"
 # -- the two models -------------------------------------------------------------------------------
 
 
-def attention_model(cfg: DictConfig, ctx: RunContext) -> tuple[ContextualBlock, str, ContextualBlock]:
+def attention_model(cfg: RnnContextConfig, ctx: RunContext) -> tuple[ContextualBlock, str, ContextualBlock]:
     """The §4 single-layer attention block: loaded from attention.checkpoint, or trained here on this
     run's task with attention.train.* (its validation loss is logged as `attention_val_loss`); and the
     control, the same architecture untrained (its initial weights, or a fresh init beside a checkpoint)."""
@@ -62,7 +61,7 @@ def attention_model(cfg: DictConfig, ctx: RunContext) -> tuple[ContextualBlock, 
         torch.manual_seed(cfg.seed)
         init = build_attention_block(built).to(ctx.device, ctx.dtype).eval()
         return model.to(ctx.device, ctx.dtype).eval(), "loaded", init
-    built = OmegaConf.create({"task": OmegaConf.to_container(cfg.task), "model": OmegaConf.to_container(a.model)})
+    built = built_config(cfg.task, a.model)
     torch.manual_seed(cfg.seed)
     model = build_attention_block(built).to(ctx.device, ctx.dtype)
     init = copy.deepcopy(model).eval()
@@ -81,7 +80,7 @@ def increments(model: ContextualBlock, tokens: torch.Tensor) -> np.ndarray:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: RnnContextConfig, ctx: RunContext) -> None:
     device, dtype = ctx.device, ctx.dtype
     index = dict(seed=cfg.seed, dtype=dtype_name(dtype), nonlinearity=cfg.model.nonlinearity)
     torch.manual_seed(cfg.seed)
@@ -113,7 +112,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     check_claims(ctx, cfg, dtype, final, zero_loss, curves, origin, attention_val["val_loss_context"])
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, dtype: torch.dtype, final: dict[str, torch.Tensor],
+def check_claims(ctx: RunContext, cfg: RnnContextConfig, dtype: torch.dtype, final: dict[str, torch.Tensor],
                  zero_loss: float, curves: dict[str, np.ndarray], origin: str, attention_loss: float) -> None:
     val = claim_losses_agree(ctx, dtype, "dherin.fig6.val_loss_context_equals_patch", SOURCE + " left/middle")
     eps = torch.finfo(dtype).eps
@@ -194,7 +193,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "fig6_rnn_context")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: RnnContextConfig) -> None:
     require_positive(cfg, "train.steps", "train.batch_size", "train.eval_every", "task.n_examples",
                      "eval.n_val_tasks", "eval.chunk", "dynamics.n_tasks", "attention.train.steps",
                      "attention.train.batch_size")

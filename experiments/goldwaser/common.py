@@ -7,11 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
-from experiments.patching.variants import VARIANTS
 
 
 def text_list(value, key: str, item: str):
@@ -25,32 +22,29 @@ def text_list(value, key: str, item: str):
     return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
-def prompt_list(cfg: DictConfig) -> list[str]:
+def prompt_list(cfg) -> list[str]:
     """The Fig. 3 prompt first, then `prompts` (a list, or a text file with one prompt per line)."""
-    extra = text_list(cfg.get("prompts") or [], "prompts", "prompt")
-    return [str(cfg.prompt), *[str(p) for p in extra]]
+    extra = text_list(cfg.prompts or [], "prompts", "prompt")
+    return [cfg.prompt, *[str(p) for p in extra]]  # a list given on the command line may hold numbers
 
 
-def validate_model(cfg: DictConfig) -> None:
-    """The model, before any run folder: its config can be had, its architecture has an adapter, the
-    variant applies, it fits in memory, an image comes with a vision model."""
+def validate_model(cfg) -> None:
+    """The model, before any run folder (patch_match's, patch_export's typed config): its config can be had,
+    its architecture has an adapter, the variant applies, it fits in memory, an image comes with a vision
+    model. The variant's name the schema's Enum has checked."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.patching.arch import adapter_for
     from experiments.patching.variants import check_apply, check_variant
     from experiments.zoo.loading import check_model
 
-    if cfg.variant is not None and cfg.variant not in VARIANTS:
-        raise UserError(f"variant={cfg.variant!r} is not one of {', '.join(VARIANTS)}")
-    if not str(cfg.model).strip():
+    if not cfg.model.strip():
         raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-gemma3")
-    image = cfg.get("image")
-    config = check_model(str(cfg.model), resolve_dtype(str(cfg.get("dtype", "float32"))),
-                         resolve_device(str(cfg.get("device", "auto"))))
+    config = check_model(cfg.model, resolve_dtype(cfg.dtype), resolve_device(cfg.device))
     if cfg.variant is not None:  # None: the experiment picks one for the family (patch_export)
-        variant = check_variant(adapter_for(config.model_type), str(cfg.variant))
-        if "apply" in cfg:
-            check_apply(adapter_for(config.model_type), variant, str(cfg.apply))
-    if image and config.model_type != "gemma3":
+        variant = check_variant(adapter_for(config.model_type), cfg.variant)
+        if hasattr(cfg, "apply"):  # patch_export has no apply=: it exports materialized weights
+            check_apply(adapter_for(config.model_type), variant, cfg.apply)
+    if getattr(cfg, "image", None) and config.model_type != "gemma3":  # only patch_match takes an image
         raise UserError(f"image=... needs a multimodal Gemma 3 (e.g. model=google/gemma-3-4b-it or "
                         f"model=tiny-gemma3-vision); {cfg.model} is text-only")
 
@@ -68,17 +62,19 @@ def check_context_length(config, prompt_lengths: list[int], max_new_tokens: int)
                             f"positions, the model has {limit}; use a shorter prompt or fewer new tokens")
 
 
-def check_stop_at_eos(cfg: DictConfig) -> None:
-    """stop_at_eos= is auto, true or false (a string key: `auto` is neither boolean)."""
-    if str(cfg.stop_at_eos).lower() not in ("auto", "true", "false"):
+# stop_at_eos= is a string key, not an Enum: the command line's `true` and `false` compose as booleans, which
+# an Enum node refuses, and a string node keeps as "True" and "False"
+def check_stop_at_eos(cfg) -> None:
+    """stop_at_eos= is auto, true or false, in any case (`auto` is neither boolean)."""
+    if cfg.stop_at_eos.lower() not in ("auto", "true", "false"):
         raise UserError(f"stop_at_eos={cfg.stop_at_eos} must be auto, true or false")
 
 
-def stop_ids(cfg: DictConfig, bundle) -> set[int]:
+def stop_ids(cfg, bundle) -> set[int]:
     """End of reply tokens; stop_at_eos=auto: only for trained models (a random one has no notion of a reply's end)."""
     from experiments.zoo.prompts import stop_token_ids
 
-    value = str(cfg.stop_at_eos).lower()
+    value = cfg.stop_at_eos.lower()
     stop = (not bundle.is_random) if value == "auto" else value == "true"
     return stop_token_ids(bundle) if stop else set()
 
@@ -107,11 +103,11 @@ def flag_random_weights(ctx: RunContext, model: str) -> None:
     """The goldwaser claims state what the paper measured on a trained Gemma 3: on an offline model with
     random weights a failure describes those weights (e.g. the open loop's amplification), not the paper.
     Said after the claims, with the way to trained weights."""
-    from experiments.zoo.loading import OFFLINE_MODELS
+    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS
 
     claims = ctx.claims()
     failed = claims.loc[~claims["passed"].astype(bool), "id"].tolist() if len(claims) else []
-    if model in OFFLINE_MODELS and failed:
+    if model in RANDOM_OFFLINE_MODELS and failed:
         ctx.notes.append(f"model={model} has random weights: the claims state what the paper measured on a trained "
                          f"Gemma 3, so {', '.join(failed)} failing here describes these random weights, as it may by "
                          "design; model=gemma-3-270m runs a trained Gemma 3 offline")

@@ -25,11 +25,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
+from experiments.goldwaser.schema import ContextCompileConfig
 
 REF = "Goldwaser §6 (extension): one fixed patch"
 CONSTRUCTION = REF + " (construction: a least-squares fit checked where it was fitted)"
@@ -38,31 +38,31 @@ BF16_FITTED_TOP1 = 0.9  # bfloat16: top-1 agreement at the fitted positions that
 
 
 # -- config ---------------------------------------------------------------------------------------
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: ContextCompileConfig) -> None:
     """Everything checkable before a run folder exists: the model, its architecture, k against its rank."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.goldwaser.common import check_stop_at_eos, prompt_list
     from experiments.goldwaser.context_compile_measure import sweep_ks
     from experiments.patching.arch import adapter_for
-    from experiments.patching.fixed_patch import rank_limit
+    from experiments.patching.fixed_patch import check_fixed_patch, rank_limit
     from experiments.zoo.loading import check_model
 
-    if not str(cfg.model).strip():
+    if not cfg.model.strip():
         raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-llama")
-    if not str(cfg.prompt).strip():
+    if not cfg.prompt.strip():
         raise UserError("prompt= is empty: the compiled patch needs a prompt")
     ks = sweep_ks(cfg)
     if ks[0] < 1:
         raise UserError(f"k={ks[0]} must be at least 1 (k and every value of sweep=)")
-    if int(cfg.heldout) < 0:
+    if cfg.heldout < 0:
         raise UserError(f"heldout={cfg.heldout} must be 0 or more")
     check_stop_at_eos(cfg)
     prompt_list(cfg)
-    config = check_model(str(cfg.model), resolve_dtype(str(cfg.get("dtype", "float32"))),
-                         resolve_device(str(cfg.get("device", "auto"))))
+    config = check_model(cfg.model, resolve_dtype(cfg.dtype), resolve_device(cfg.device))
     if config.model_type == "gemma3":
         raise UserError(f"the compiled checkpoint is text-only (e.g. Gemma3ForCausalLM); {cfg.model} is multimodal")
     adapter = adapter_for(config.model_type)  # one line naming the supported ones
+    check_fixed_patch(adapter)
     limit = rank_limit(config, adapter)
     if ks[-1] > limit:
         raise UserError(f"k={ks[-1]} is more than {cfg.model}'s layers allow: the input update is exact at k "
@@ -71,38 +71,37 @@ def validate(cfg: DictConfig) -> None:
 
 
 # -- the run --------------------------------------------------------------------------------------
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: ContextCompileConfig, ctx: RunContext) -> None:
     from experiments.goldwaser.common import prompt_list, stop_ids
     from experiments.goldwaser.context_compile_measure import compile_prompt
     from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
 
-    ctx.model = model_label(str(cfg.model))
-    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
+    ctx.model = model_label(cfg.model)
+    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     prompts = prompt_list(cfg)
     with threads_for(bundle.model):
         for p, text in enumerate(prompts):
             compile_prompt(cfg, ctx, bundle, p, text, stop_ids(cfg, bundle),
-                           save_to=ctx.run_dir if (p == 0 and bool(cfg.save)) else None)
+                           save_to=ctx.run_dir if (p == 0 and cfg.save) else None)
     check_claims(cfg, ctx, ctx.metrics())
 
 
-def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
+def check_claims(cfg: ContextCompileConfig, ctx: RunContext, m: pd.DataFrame) -> None:
     """Claims that can fail, each from two independent computations (the with-context forward against a
     stock forward of the patched weights without context)."""
     from experiments.core.runtime import dtype_name
     from experiments.goldwaser.context_compile_measure import PERTURB, sweep_ks
     from experiments.patching.arch import adapter_for
     from experiments.patching.compare import rounding_bar
-    from experiments.patching.fixed_patch import EXACT_RULES
 
     dtype = dtype_name(ctx.dtype)
-    rule = adapter_for(str(m["model_type"].dropna().iloc[0])).output_rule
+    rule = adapter_for(str(m["model_type"].dropna().iloc[0])).rule
     where = f"{cfg.model}, {dtype}"
     pos = m[m["metric"].isin(["top1_match", "logit_linf_rel"])]
     fixed = pos[pos["method"] == "fixed"]
     for k in sweep_ks(cfg):
-        if rule not in EXACT_RULES and k > 1:
+        if not rule.exact_at_k and k > 1:
             continue  # a bias or a scale cannot match k > 1 positions: its residual is reported (metrics)
         fk = fixed[(fixed["k"] == k) & (fixed["fitted"] == 1)]
         pk = pos[(pos["method"] == "perturbed") & (pos["k"] == k)]
@@ -119,7 +118,7 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
             ctx.check(f"context_compile.construction.fit_top1_k{k}", CONSTRUCTION,
                       f"at the {k} fitted positions the fixed patch picks the with-context top-1 token, fraction "
                       f"({where}, {rule})", fk[fk["metric"] == "top1_match"]["value"].mean(), ">=", BF16_FITTED_TOP1)
-    k, n = int(cfg.k), int(cfg.heldout)
+    k, n = cfg.k, cfg.heldout
     held = pos[(pos["metric"] == "top1_match") & (pos["position"] >= k) & (pos["position"] < k + n)]
     fixed_held = held[(held["method"] == "fixed") & (held["k"] == k)]["value"]
     control_held = held[held["method"] == "control"]["value"]
@@ -127,7 +126,7 @@ def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
         ctx.check(f"context_compile.heldout.k{k}_above_control", REF,
                   f"over the {n} positions after the {k} fitted ones, top-1 agreement of the fixed patch "
                   f"minus the control's (unpatched, no context), fraction; bar: margin= ({where})",
-                  fixed_held.mean() - control_held.mean(), ">=", float(cfg.margin))
+                  fixed_held.mean() - control_held.mean(), ">=", cfg.margin)
     reload = m[m["metric"] == "reload_top1_match"]
     if len(reload):
         inproc = fixed[(fixed["k"] == k) & (fixed["prompt"] == 0) & (fixed["metric"] == "top1_match")]

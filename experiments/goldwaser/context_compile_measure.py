@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, ListConfig
 from torch import Tensor
 
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
+from experiments.goldwaser.schema import ContextCompileConfig
 from experiments.patching.compare import comparable
 
 log = logging.getLogger(__name__)
@@ -23,13 +23,9 @@ REPLIES_FILE = "replies.json"
 PERTURB = 1.01  # the perturbed fit: every fitted change ×1.01
 
 
-def sweep_ks(cfg: DictConfig) -> list[int]:
-    """The k of the checkpoint and the sweep's, sorted, each once."""
-    sweep = cfg.get("sweep") or []
-    if not isinstance(sweep, (list, ListConfig)) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                            for v in sweep):
-        raise UserError(f"sweep={sweep} must be a list of integers like [1,4,16]")
-    return sorted({int(cfg.k), *(int(v) for v in sweep)})
+def sweep_ks(cfg: ContextCompileConfig) -> list[int]:
+    """The k of the checkpoint and the sweep's (a list of integers: the schema's), sorted, each once."""
+    return sorted({cfg.k, *cfg.sweep})
 
 
 def start_token(tokenizer, prompt_ids) -> int:
@@ -84,7 +80,7 @@ def log_positions(ctx: RunContext, reference: Tensor, got: Tensor, method: str, 
 
 
 @torch.no_grad()
-def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, stop_ids: set[int],
+def compile_prompt(cfg: ContextCompileConfig, ctx: RunContext, bundle, p: int, text: str, stop_ids: set[int],
                    save_to: Path | None) -> None:
     from experiments.core.atomic import write_json_atomic
     from experiments.core.runtime import dtype_name
@@ -95,13 +91,13 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
 
     model, tok = bundle.model, bundle.tokenizer
     adapter = adapter_for(model.config.model_type)
-    inputs = encode_prompt(bundle, text, None, bool(cfg.chat_template), ctx.device)
+    inputs = encode_prompt(bundle, text, None, cfg.chat_template, ctx.device)
     prompt_ids = inputs["input_ids"]
     P = prompt_ids.shape[1]
-    ks, n_held = sweep_ks(cfg), int(cfg.heldout)
+    ks, n_held = sweep_ks(cfg), cfg.heldout
     check_context_length(model.config, [P], ks[-1] + n_held)
     t0 = time.perf_counter()
-    reply, per_token = reply_with_context(model, inputs, ks[-1] + n_held, stop_ids, bool(cfg.per_token))
+    reply, per_token = reply_with_context(model, inputs, ks[-1] + n_held, stop_ids, cfg.per_token)
     G = len(reply)
     reply_s = time.perf_counter() - t0
     require_positions(ks[-1], G, p)
@@ -110,7 +106,7 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
     start = start_token(tok, prompt_ids)
     nc = torch.tensor([[start, *reply[:-1]]], device=dev)  # the no-context sequence: position i predicts reply[i]
     reference, targets = capture_targets(model, adapter, full, P - 1, ks[-1])
-    index = dict(model=str(cfg.model), model_type=model.config.model_type, family=adapter.family,
+    index = dict(model=cfg.model, model_type=model.config.model_type, family=adapter.family,
                  dtype=dtype_name(ctx.dtype), prompt=p)
     ctx.log("reply_s", reply_s, tokens=G, **index)  # generation with the prompt (+ the per-token patch)
     control, _ = layer_outputs(model, adapter, nc)
@@ -140,7 +136,7 @@ def compile_prompt(cfg: DictConfig, ctx: RunContext, bundle, p: int, text: str, 
             for name, t in fitted.items():
                 model.get_parameter(name).data.copy_(t)
             log_positions(ctx, reference, perturbed, "perturbed", range(k), k=k, fitted=1, **index)
-            if save_to is not None and k == int(cfg.k):
+            if save_to is not None and k == cfg.k:
                 t0 = time.perf_counter()
                 save_checkpoint(cfg, ctx, bundle, Path(save_to), nc, reference, reply, start, text, index)
                 ctx.log("checkpoint_s", time.perf_counter() - t0, k=k, **index)  # save, reload, measure
@@ -158,7 +154,7 @@ def _read_json(path: Path) -> list:
 
 
 @torch.no_grad()
-def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: Tensor, reference: Tensor,
+def save_checkpoint(cfg: ContextCompileConfig, ctx: RunContext, bundle, folder: Path, nc: Tensor, reference: Tensor,
                     reply: list[int], start: int, text: str, index: dict) -> None:
     """Save the patched model with `save_pretrained` (safetensors, config, tokenizer), reload it with stock
     `AutoModelForCausalLM.from_pretrained` and measure it there: teacher-forced agreement at every position,
@@ -169,7 +165,7 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
     from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
-    tok, k, G = bundle.tokenizer, int(cfg.k), len(reply)
+    tok, k, G = bundle.tokenizer, cfg.k, len(reply)
     with quiet_transformers():  # no "Writing model shards" bar
         save_pretrained(bundle.model, folder)
         save_pretrained(tok, folder)
@@ -184,9 +180,9 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, folder: Path, nc: 
                          pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else start)[0, 1:].tolist()
     prefix = next((i for i, (a, b) in enumerate(zip(out, reply, strict=False)) if a != b), min(len(out), G))
     ctx.log("free_run_prefix", prefix, k=k, **index)
-    held = rows[k:k + int(cfg.heldout)]
+    held = rows[k:k + cfg.heldout]
     summary = dict(
-        model=str(cfg.model), prompt=text, k=k, start_id=start, dtype=index["dtype"],
+        model=cfg.model, prompt=text, k=k, start_id=start, dtype=index["dtype"],
         fitted_top1=sum(r["top1_match"] for r in rows[:k]) / k,
         heldout_top1=sum(r["top1_match"] for r in held) / len(held) if held else None, heldout=len(held),
         fitted_max_logit_linf_rel=max(r["logit_linf_rel"] for r in rows[:k]),

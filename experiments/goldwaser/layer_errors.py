@@ -27,8 +27,6 @@ from __future__ import annotations
 import functools
 import math
 
-from omegaconf import DictConfig, ListConfig
-
 from experiments.core.errors import UserError
 from experiments.core.progress import progress
 from experiments.core.registry import Experiment
@@ -36,66 +34,59 @@ from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
 from experiments.goldwaser.layer_errors_claims import check_claims
 from experiments.goldwaser.layer_errors_plot import plot
+from experiments.goldwaser.schema import LayerErrorsConfig
 from experiments.patching.kinds import ACTION, MATERIALIZED
 from experiments.patching.variants import VARIANTS
 
-DTYPES = ("float32", "float64")
 DEFAULT_VARIANTS = ("naive", "closed_loop_scale", "closed_loop")  # variants=null: those the block takes
 
 
 # -- config --------------------------------------------------------------------------------------
-def _names(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> list[str]:
-    value = cfg.get(key)
-    if not isinstance(value, (list, ListConfig)) or not value:
-        raise UserError(f"{key}= must be a non-empty list like [{','.join(allowed[:2])}]")
-    names = [str(v) for v in value]
-    for name in names:
-        if name not in allowed:
-            raise UserError(f"{key}: {name!r} is not one of {', '.join(allowed)}")
+def _once_each(key: str, names: list) -> None:
+    """A list key of names (the schema's Enum has checked each) must name something, and each once."""
+    if not names:
+        raise UserError(f"{key}= must be a non-empty list")
     if len(set(names)) != len(names):
-        raise UserError(f"{key}= lists {names}: each at most once")
-    return names
+        raise UserError(f"{key}= lists [{', '.join(names)}]: each at most once")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: LayerErrorsConfig) -> None:
     """Everything checkable before a run folder exists, the model's architecture and variants included."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.patching.arch import adapter_for
     from experiments.patching.variants import check_apply, check_variant
     from experiments.zoo.loading import check_model
 
-    dtypes = _names(cfg, "dtypes", DTYPES)
-    if cfg.get("variants") is not None:
-        _names(cfg, "variants", tuple(VARIANTS))
+    _once_each("dtypes", cfg.dtypes)
+    if cfg.variants is not None:
+        _once_each("variants", cfg.variants)
     require_positive(cfg, "max_new_tokens")
-    prompts = cfg.get("prompts")
-    if not isinstance(prompts, (list, ListConfig)) or not prompts or not all(str(p).strip() for p in prompts):
+    if not cfg.prompts or not all(p.strip() for p in cfg.prompts):
         raise UserError("prompts= must be a non-empty list of non-empty prompts, like [\"Hi.\"]")
-    for dtype in dtypes:
-        rel = float(cfg.delta_rel[dtype]) if dtype in cfg.get("delta_rel", {}) else float("nan")
-        if not 0.0 < rel < 1.0:
+    for dtype in cfg.dtypes:
+        if not 0.0 < cfg.delta_rel.get(dtype, math.nan) < 1.0:  # a dtype without its δ is refused too
             raise UserError(f"delta_rel.{dtype} must be in (0, 1): the size of δ relative to the layer's input")
-    if not str(cfg.model).strip():
+    if not cfg.model.strip():
         raise UserError("model= is empty: give gemma-3-270m, a local folder, or an offline model such as tiny-gemma3")
-    device = resolve_device(str(cfg.get("device", "auto")))
-    config = check_model(str(cfg.model), max((resolve_dtype(d) for d in dtypes), key=lambda t: t.itemsize), device)
+    largest = max((resolve_dtype(d) for d in cfg.dtypes), key=lambda t: t.itemsize)
+    config = check_model(cfg.model, largest, resolve_device(cfg.device))
     adapter = adapter_for(config.model_type)
     for variant in chosen_variants(cfg, adapter):
-        check_apply(adapter, check_variant(adapter, variant), str(cfg.apply))
+        check_apply(adapter, check_variant(adapter, variant), cfg.apply)
 
 
-def chosen_variants(cfg: DictConfig, adapter) -> list[str]:
+def chosen_variants(cfg: LayerErrorsConfig, adapter) -> list[str]:
     """variants=..., or where none are given naive, closed_loop_scale (a post-MLP norm's Thm 10 alone) where the
     block takes it, and closed_loop; with apply=action the open loop's alone (a closed loop takes no action)."""
-    if cfg.get("variants") is not None:
-        return _names(cfg, "variants", tuple(VARIANTS))
-    action = str(cfg.get("apply", MATERIALIZED)) == ACTION
+    if cfg.variants is not None:
+        return list(cfg.variants)
+    action = cfg.apply == ACTION
     return [v for v in DEFAULT_VARIANTS if VARIANTS[v].unsupported(adapter) is None
             and (VARIANTS[v].evidence or not action)]
 
 
 # -- the run -------------------------------------------------------------------------------------
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: LayerErrorsConfig, ctx: RunContext) -> None:
     """Per dtype (the model loaded in it), per variant, per prompt and token: `measure_prompt`."""
     from experiments.core.runtime import resolve_dtype
     from experiments.core.samples import token_sample
@@ -104,25 +95,25 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
 
-    ctx.model = model_label(str(cfg.model))
-    adapter = adapter_for(check_model(str(cfg.model), resolve_dtype(DTYPES[0]), ctx.device).model_type)
-    dtypes, variants = _names(cfg, "dtypes", DTYPES), chosen_variants(cfg, adapter)
-    prompts, n_tokens = [str(p) for p in cfg.prompts], int(cfg.max_new_tokens)
+    ctx.model = model_label(cfg.model)
+    adapter = adapter_for(check_model(cfg.model, resolve_dtype("float32"), ctx.device).model_type)  # its family
+    dtypes, variants = cfg.dtypes, chosen_variants(cfg, adapter)
+    prompts, n_tokens = cfg.prompts, cfg.max_new_tokens
     total = len(dtypes) * len(variants) * len(prompts) * n_tokens
     with progress(total, ctx.experiment) as bar:
         for dtype in dtypes:
-            bundle = load_model(str(cfg.model), resolve_dtype(dtype), ctx.device, seed=int(cfg.seed))
-            encoded = [encode_prompt(bundle, text, None, bool(cfg.chat_template), ctx.device) for text in prompts]
+            bundle = load_model(cfg.model, resolve_dtype(dtype), ctx.device, seed=cfg.seed)
+            encoded = [encode_prompt(bundle, text, None, cfg.chat_template, ctx.device) for text in prompts]
             # the block's output rule decides what the open loop's claims expect (layer_errors_claims.py)
-            index = dict(model=str(cfg.model), preset=str(cfg.get("preset", "")), dtype=dtype, rule=adapter.output_rule,
-                         apply=str(cfg.apply))
+            index = dict(model=cfg.model, preset=cfg.preset, dtype=dtype, rule=adapter.output_rule.key,
+                         apply=cfg.apply)
             original_sensitivity: dict = {}  # the unpatched model's: the same for every variant
             with threads_for(bundle.model):
                 for variant in variants:
                     for p, inputs in enumerate(encoded):
                         for result in measure_prompt(bundle.model, variant, inputs, n_tokens,
-                                                     float(cfg.delta_rel[dtype]), int(cfg.seed), original_sensitivity,
-                                                     key=p, apply=str(cfg.apply)):
+                                                     cfg.delta_rel[dtype], cfg.seed, original_sensitivity,
+                                                     key=p, apply=cfg.apply):
                             log_token(ctx, result, variant=variant, prompt=p, **index)
                             ctx.sample(token_sample(bundle.tokenizer, result["step"], result["context"],
                                                     result["patched"].logits, result["control"], prompt=p,
@@ -130,7 +121,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
                                                     variant=variant, dtype=dtype))
                             bar.advance(1, info=f"{dtype} {variant} prompt {p + 1}/{len(prompts)}")
             del bundle
-    check_claims(ctx, ctx.metrics(), "_action" if str(cfg.apply) == ACTION else "")
+    check_claims(ctx, ctx.metrics(), "_action" if cfg.apply == ACTION else "")
 
 
 def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: float, seed: int,

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.patching.compare import rounding_bar
-from experiments.patching.kinds import SCALE
+from experiments.patching.rules import RULES, SCALE, OutputRule
 
 REF = "Goldwaser Alg. 1"
 REF_APPB = "Goldwaser App. B / Thm 10"
@@ -175,9 +175,9 @@ def check_claims(ctx, m: pd.DataFrame, tag: str = "") -> None:
                       f"({where}, {dtype})", sensitivity_ratio(m, dtype, "closed_loop_scale"), ">=",
                       SENSITIVITY_DECADES)
     if "naive" in variants:
-        rule = str(m["rule"].dropna().iloc[0]) if "rule" in m and m["rule"].notna().any() else SCALE
+        rule = RULES[str(m["rule"].dropna().iloc[0])] if "rule" in m and m["rule"].notna().any() else SCALE
         _open_loop_claims(ctx, m, dtypes, where, n_layers, tag)
-        if rule == SCALE:
+        if rule.post_norm:
             _scale_rule_amplifies(ctx, m, dtypes, where, n_layers, tag)
         else:
             _matrix_rule_does_not(ctx, m, dtypes, where, rule, tag)
@@ -245,7 +245,7 @@ def _scale_rule_amplifies(ctx, m, dtypes: list[str], where: str, n_layers: int, 
               largest_layer_gain(m, dtype, "naive"), ">=", AMPLIFY)
 
 
-def _matrix_rule_does_not(ctx, m, dtypes: list[str], where: str, rule: str, tag: str = "") -> None:
+def _matrix_rule_does_not(ctx, m, dtypes: list[str], where: str, rule: OutputRule, tag: str = "") -> None:
     """Thm 9 (or a bias, Thm 8) divides by no MLP output: the open loop's error stays at rounding level."""
     for dtype in dtypes:
         ctx.check(f"goldwaser.alg1.naive{tag}_{dtype}_every_layer_at_rounding", f"{REF}, {rule}",

@@ -18,25 +18,25 @@ import math
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
+from experiments.goldwaser.schema import PatchExportConfig
 
 log = logging.getLogger(__name__)
 REF = "Goldwaser §3 Thm 1 / Alg. 1 (exported)"
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: PatchExportConfig) -> None:
     from experiments.goldwaser.common import validate_model
 
-    if not str(cfg.prompt).strip():
+    if not cfg.prompt.strip():
         raise UserError("prompt= is empty: the export needs a prompt (a context and its last token)")
     validate_model(cfg)  # model, architecture, variant, memory
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: PatchExportConfig, ctx: RunContext) -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -49,12 +49,12 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.threads import threads_for
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
-    ctx.model = model_label(str(cfg.model))
-    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
+    ctx.model = model_label(cfg.model)
+    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     variant = chosen_variant(cfg, bundle.model.config.model_type)
     log.info("variant %s: %s", variant.name, describe(variant))
     with threads_for(bundle.model):
-        summary = export_patched(bundle, str(cfg.prompt), ctx.run_dir, variant.name, bool(cfg.chat_template))
+        summary = export_patched(bundle, cfg.prompt, ctx.run_dir, variant.name, cfg.chat_template)
     reference, control = summary["reference_logits"], summary["control_logits"]
     with quiet_transformers():
         stock = reload_float64(ctx.run_dir / "patched", ctx.dtype,
@@ -64,7 +64,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
         got = comparable(stock(input_ids=query).logits[0, -1])
     check = logit_comparison(reference, got)
     ctrl = logit_comparison(reference, control)
-    index = dict(model=str(cfg.model), dtype=dtype_name(ctx.dtype), variant=variant.name)
+    index = dict(model=cfg.model, dtype=dtype_name(ctx.dtype), variant=variant.name)
     ctx.log_many(check, **index)
     ctx.log_many({f"control_{k}": v for k, v in ctrl.items()}, **index)
     decode = bundle.tokenizer.decode
@@ -125,14 +125,14 @@ def _rel(logits, summary: dict) -> float:
     return logit_comparison(summary["reference_logits"], logits)["logit_linf_rel"]
 
 
-def chosen_variant(cfg: DictConfig, model_type: str):
+def chosen_variant(cfg: PatchExportConfig, model_type: str):
     """variant=..., or where none is given an open loop exact on the family, the closed loop only where none
     is (patching/variants.export_default)."""
     from experiments.patching.arch import adapter_for
     from experiments.patching.variants import VARIANTS, check_variant, export_default
 
     adapter = adapter_for(model_type)
-    return check_variant(adapter, str(cfg.variant)) if cfg.variant else VARIANTS[export_default(adapter)]
+    return check_variant(adapter, cfg.variant) if cfg.variant else VARIANTS[export_default(adapter)]
 
 
 def describe(variant) -> str:

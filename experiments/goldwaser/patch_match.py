@@ -27,7 +27,6 @@ import math
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig, ListConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import metric
@@ -46,6 +45,7 @@ from experiments.goldwaser.common import (
     weights_origin,
 )
 from experiments.goldwaser.patch_match_plots import CONTEXT_IMAGE, PAPER_BF16_MATCH, plot
+from experiments.goldwaser.schema import PatchMatchConfig, Sampling, StockCheck
 from experiments.patching.compare import CACHED_ROUNDING, LAYER_EXACT, RECORD_DECADES, rounding_bar
 from experiments.patching.kinds import ACTION, ADVANCE_CONTEXT, ADVANCE_PATCHED, MATERIALIZED
 from experiments.patching.variants import VARIANTS
@@ -55,57 +55,48 @@ log = logging.getLogger(__name__)
 SOURCE = "Goldwaser §4.2"
 TABLE1 = "Goldwaser §5 Table 1"
 CONSTRUCTION = "construction, not evidence for Thm 1"
-SAMPLING = ("greedy", "sample")
 # where the patched weights are also run as stock weights (Patcher.stock_logits): every token, the first token
 # of every prompt, or never; `auto` is every token on a model of at most STOCK_EVERY_TOKEN_PARAMS parameters
 # (tiny-gemma3: 1 ms against a 13 ms patched pass) and the first token otherwise (Gemma 3 270M, idle-ish
 # 2-core CPU: 366 ms against 299 ms for the patched pass, since it copies the patched tensors in and out and
 # runs the 262k-row LM head again: +70 % a token)
-STOCK_CHECK = {"first": lambda step: step == 0, "all": lambda step: True, "none": lambda step: False}
+STOCK_CHECK = {StockCheck.first: lambda step: step == 0, StockCheck.all: lambda step: True,
+               StockCheck.none: lambda step: False}
 STOCK_EVERY_TOKEN_PARAMS = 50_000_000
 
 
 # -- config --------------------------------------------------------------------------------------
-def validate(cfg: DictConfig) -> None:
-    """Everything checkable before a run folder exists, the model included (`validate_model`)."""
-    if cfg.variant not in VARIANTS:
-        raise UserError(f"variant={cfg.variant!r} is not one of {', '.join(VARIANTS)}")
-    if str(cfg.get("stock_check", "auto")) not in ("auto", *STOCK_CHECK):
-        raise UserError(f"stock_check={cfg.stock_check!r} is not one of auto, {', '.join(STOCK_CHECK)}")
-    if str(cfg.get("stock_check", "auto")) != "auto" and VARIANTS[cfg.variant].evidence:
+def validate(cfg: PatchMatchConfig) -> None:
+    """Everything checkable before a run folder exists, the model included (`validate_model`). The names
+    (variant, apply, advance, sampling, stock_check) are Enums: the schema refuses any other while composing."""
+    if cfg.stock_check != StockCheck.auto and VARIANTS[cfg.variant].evidence:
         raise UserError(f"stock_check={cfg.stock_check} is for the closed loop only: variant={cfg.variant}'s "
                         "patched pass already is the model's stock forward of weights computed before it runs")
-    if cfg.sampling not in SAMPLING:
-        raise UserError(f"sampling={cfg.sampling!r} is not one of {', '.join(SAMPLING)}")
     require_positive(cfg, "max_new_tokens")
-    if float(cfg.temperature) <= 0:
+    if cfg.temperature <= 0:
         raise UserError(f"temperature={cfg.temperature} must be positive")
-    if not str(cfg.model).strip():
-        raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-gemma3")
-    if not isinstance(cfg.get("prompts") or [], (str, list, ListConfig)):
+    if not isinstance(cfg.prompts or [], (str, list)):  # `prompts: Any`: a list or a file
         raise UserError("prompts= must be a list like [a,b] or a path to a text file")
     prompt_list(cfg)
-    image = cfg.get("image")
-    if image and str(image) != "synthetic" and not Path(str(image)).expanduser().is_file():
-        raise UserError(f"image={image!r}: no such file (or use image=synthetic)")
+    if cfg.image and cfg.image != "synthetic" and not Path(cfg.image).expanduser().is_file():
+        raise UserError(f"image={cfg.image!r}: no such file (or use image=synthetic)")
     validate_model(cfg)
 
 
 # -- the run -------------------------------------------------------------------------------------
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: PatchMatchConfig, ctx: RunContext) -> None:
     from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
 
-    ctx.model = model_label(str(cfg.model))
-    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
+    ctx.model = model_label(cfg.model)
+    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     with threads_for(bundle.model):
         compare_all(cfg, ctx, bundle)
-    check_claims(ctx, ctx.metrics(), ctx.dtype, cfg.variant, bool(cfg.control), str(cfg.model),
-                 str(cfg.apply), str(cfg.advance))
-    flag_random_weights(ctx, str(cfg.model))
+    check_claims(ctx, ctx.metrics(), ctx.dtype, cfg.variant, cfg.control, cfg.model, cfg.apply, cfg.advance)
+    flag_random_weights(ctx, cfg.model)
 
 
-def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
+def compare_all(cfg: PatchMatchConfig, ctx: RunContext, bundle) -> None:
     """Every prompt: generate with the context and compare with the patched model at every token."""
     import torch
 
@@ -115,27 +106,27 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
     from experiments.zoo.prompts import encode_prompt, stop_token_ids
     from experiments.zoo.vision import load_image
 
-    image = load_image(cfg.image, int(cfg.seed)) if cfg.get("image") else None
+    image = load_image(cfg.image, cfg.seed) if cfg.image else None
     if image is not None:
         image.save(ctx.path(CONTEXT_IMAGE))
     prompts = prompt_list(cfg)
-    patcher = Patcher(bundle.model, cfg.variant, str(cfg.apply))
+    patcher = Patcher(bundle.model, cfg.variant, cfg.apply)
     log.info("model %s: %s, %s; %s, variant %s, apply=%s, advance=%s", cfg.model, describe_model(patcher),
-             weights_origin(str(cfg.model)), dtype_name(ctx.dtype), cfg.variant, cfg.apply, cfg.advance)
-    choose = greedy if cfg.sampling == "greedy" else coupled_sampler(
-        torch.Generator().manual_seed(int(cfg.seed)), float(cfg.temperature))
+             weights_origin(cfg.model), dtype_name(ctx.dtype), cfg.variant, cfg.apply, cfg.advance)
+    choose = greedy if cfg.sampling == Sampling.greedy else coupled_sampler(
+        torch.Generator().manual_seed(cfg.seed), cfg.temperature)
     stop_ids = stop_token_ids(bundle) if cfg.stop_at_eos else set()
-    index = dict(model=str(cfg.model), family=patcher.adapter.family, dtype=dtype_name(ctx.dtype),
-                 variant=cfg.variant, apply=str(cfg.apply), advance=str(cfg.advance), device=ctx.device.type,
+    index = dict(model=cfg.model, family=patcher.adapter.family, dtype=dtype_name(ctx.dtype),
+                 variant=cfg.variant, apply=cfg.apply, advance=cfg.advance, device=ctx.device.type,
                  context="image" if image is not None else "text")
-    stock_at = STOCK_CHECK[stock_check(str(cfg.get("stock_check", "auto")), bundle.model, cfg.variant)]
-    encoded = [encode_prompt(bundle, text, image, bool(cfg.chat_template), ctx.device) for text in prompts]
-    check_context_length(bundle.model.config, [e["input_ids"].shape[1] for e in encoded], int(cfg.max_new_tokens))
-    with progress(len(prompts) * int(cfg.max_new_tokens), ctx.experiment) as bar:
+    stock_at = STOCK_CHECK[stock_check(cfg.stock_check, bundle.model, cfg.variant)]
+    encoded = [encode_prompt(bundle, text, image, cfg.chat_template, ctx.device) for text in prompts]
+    check_context_length(bundle.model.config, [e["input_ids"].shape[1] for e in encoded], cfg.max_new_tokens)
+    with progress(len(prompts) * cfg.max_new_tokens, ctx.experiment) as bar:
         for p, inputs in enumerate(encoded):
             steps = matches = 0
-            for st in compare_generation(patcher, inputs, int(cfg.max_new_tokens), choose, stop_ids,
-                                         bool(cfg.control), stock_at, check_cache=True, advance=str(cfg.advance)):
+            for st in compare_generation(patcher, inputs, cfg.max_new_tokens, choose, stop_ids,
+                                         cfg.control, stock_at, check_cache=True, advance=cfg.advance):
                 log_step(ctx, st, token_text(bundle.tokenizer, st.token_id), prompt=p, **index)
                 ctx.sample(token_sample(bundle.tokenizer, st.step, st.context, st.patched.logits,
                                         st.control.logits if st.control is not None else None, st.token_id,
@@ -144,17 +135,18 @@ def compare_all(cfg: DictConfig, ctx: RunContext, bundle) -> None:
                 steps += 1
                 matches += st.token_id == st.patched_token_id
                 bar.advance(1, info=f"prompt {p + 1}/{len(encoded)}: top-1 match {matches}/{steps}")
-            bar.advance(int(cfg.max_new_tokens) - steps)  # a reply that stopped early
+            bar.advance(cfg.max_new_tokens - steps)  # a reply that stopped early
 
 
-def stock_check(choice: str, model, variant: str = "closed_loop") -> str:
+def stock_check(choice: StockCheck, model, variant: str = "closed_loop") -> StockCheck:
     """`auto`: none for an open loop (its patched pass is the stock forward); for a closed loop every token
     where the stock forward costs little (a small model), the first token otherwise."""
-    if choice != "auto":
+    if choice != StockCheck.auto:
         return choice
     if VARIANTS[variant].evidence:
-        return "none"
-    return "all" if sum(p.numel() for p in model.parameters()) <= STOCK_EVERY_TOKEN_PARAMS else "first"
+        return StockCheck.none
+    small = sum(p.numel() for p in model.parameters()) <= STOCK_EVERY_TOKEN_PARAMS
+    return StockCheck.all if small else StockCheck.first
 
 
 def log_step(ctx: RunContext, st, token_text: str, **index) -> None:

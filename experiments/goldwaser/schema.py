@@ -1,10 +1,10 @@
 """Goldwaser et al.'s experiments, their keys, types and paper defaults: patch_match and gemma_match
 (patch_match's keys and values, with Gemma 3 and the paper's open loop: a subclass), patch_export,
-layer_errors and context_compile. The patch variants are an Enum, the rest typed, so `k=many` or
-`variant=fast` fails while composing. What needs the model (its architecture, the variants it supports, k
-against its rank), the prompts file and the names inside a list (dtypes=, variants=) stay in each
-experiment's validate(). What a preset changes is in conf/preset_for/<name>/.
-Torch-free: registered before every composition."""
+layer_errors and context_compile. The patch variants are an Enum, as is every key that takes one of a few
+names (in a list too: dtypes=, variants=), the rest typed, so `k=many` or `variant=fast` fails while
+composing. What needs the model (its architecture, the variants it supports, k against its rank), the
+prompts file, ranges and keys against each other stay in each experiment's validate(). What a preset
+changes is in conf/preset_for/<name>/. Torch-free: registered before every composition."""
 
 from __future__ import annotations
 
@@ -23,6 +23,28 @@ PatchApply = StrEnum("PatchApply", {name: name for name in APPLY_MODES})
 TextAdvance = StrEnum("TextAdvance", {name: name for name in ADVANCE_MODES})
 
 
+class Sampling(StrEnum):
+    """patch_match's `sampling=`: how the next token is chosen."""
+
+    greedy = "greedy"
+    sample = "sample"  # seeded; the with-context and the patched model draw with the same random state
+
+
+class StockCheck(StrEnum):
+    """patch_match's `stock_check=`: when the closed loop's patched weights also run as stock weights
+    (patch_match.STOCK_CHECK says what each does, `auto` is patch_match.stock_check's choice)."""
+
+    auto = "auto"
+    first = "first"
+    all = "all"
+    none = "none"
+
+
+# layer_errors' `dtypes=`: float64 end to end beside float32 (no half precision: its claims are about rounding
+# well below the bars the 16-bit formats set)
+LayerDtype = StrEnum("LayerDtype", {name: name for name in ("float32", "float64")})
+
+
 # Fig. 3's prompt (patch_match's, patch_export's, and one of layer_errors')
 MARS_PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
 
@@ -31,9 +53,8 @@ MARS_PROMPT = "Write a single-sentence weather forecast for Mars, from the persp
 class PatchMatch:
     """patch_match (§4–5, Figs. 3–4, Table 1)."""
 
-    # hub id | local folder | PATH.gguf | offline: gemma-3-270m, qwen2.5-0.5b (real, trained), tiny-gemma3,
-    # tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj, tiny-olmo2, tiny-qwen3, tiny-phi3, tiny-gpt-neox,
-    # gemma3-1b-random, llama3.2-1b-random
+    # hub id | local folder | PATH.gguf | offline: gemma-3-270m, qwen2.5-0.5b (real, trained), each family's
+    # tiny-<family> (random: docs/models.md's families table), gemma3-1b-random, llama3.2-1b-random
     model: str = "meta-llama/Llama-3.2-1B-Instruct"
     # the paper's open loop, whose agreement is evidence: naive (Alg. 1) | stable (App. B) | conditioned (W_down to
     # C·sign(d_C): Eq. 4 divides by ±1); stable and conditioned need a post-MLP norm (Gemma 3, OLMo 2).
@@ -58,14 +79,13 @@ class PatchMatch:
     chat_template: bool = True  # wrap each prompt in the model's chat template when it has one
     image: str | None = None  # an image in the context (multimodal Gemma 3 only), or "synthetic"
     max_new_tokens: int = 100
-    # greedy | sample (seeded; both models sample with the same random state; patch_match.validate names them)
-    sampling: str = "greedy"
+    sampling: Sampling = Sampling.greedy  # greedy | sample (seeded; both models sample with the same random state)
     temperature: float = 1.0
     stop_at_eos: bool = True  # stop a reply at end of sequence / end of turn
     # closed loop only (an open loop's patched pass is the stock forward itself; refused there): also run the
     # patched weights as stock weights (the model's own parameters, no hooks): all tokens | first token of each
-    # prompt | none | auto: all on models up to 50M parameters, first above (patch_match.validate names them)
-    stock_check: str = "auto"
+    # prompt | none | auto: all on models up to 50M parameters, first above
+    stock_check: StockCheck = StockCheck.auto
     control: bool = True  # also run the unpatched model without context (the control)
 
 
@@ -105,11 +125,11 @@ class LayerErrors:
 
     # the real, trained Gemma 3 270M (offline); qwen2.5-0.5b | tiny-gemma3 | a local folder | a hub id
     model: str = "gemma-3-270m"
-    # this experiment's own dtypes (the model is loaded once in each; dtype= is not used); validate names the choices
-    dtypes: list[str] = default(["float32", "float64"])
-    # naive | stable | conditioned | closed_loop_scale | closed_loop (validate names the choices); null: naive,
-    # closed_loop_scale where the block has a post-MLP norm, closed_loop (with apply=action: the open loop alone)
-    variants: list[str] | None = None
+    # this experiment's own dtypes, float32 | float64 (the model is loaded once in each; dtype= is not used)
+    dtypes: list[LayerDtype] = default([LayerDtype.float32, LayerDtype.float64])
+    # naive | stable | conditioned | closed_loop_scale | closed_loop; null: naive, closed_loop_scale where the block
+    # has a post-MLP norm, closed_loop (with apply=action: the open loop alone)
+    variants: list[PatchVariant] | None = None
     # the open loop's matrices: materialized (W + ΔW rounded) | action (W·z + c (vᵀz) in the dtype; see PatchMatch)
     apply: PatchApply = PatchApply.materialized
     prompts: list[str] = default([
@@ -130,10 +150,10 @@ class ContextCompile:
     """context_compile (beyond the papers, Goldwaser §6's open question)."""
 
     device: str = "cpu"
-    # hub id | local folder | offline: gemma-3-270m, qwen2.5-0.5b (real), tiny-llama, tiny-gpt2, tiny-gemma3,
-    # tiny-mixtral, tiny-gptj, tiny-olmo2, tiny-qwen3, tiny-phi3, tiny-gpt-neox (random). gemma-3-270m is a base
-    # model: it continues text (with its chat template it repeats the prompt), so the prompts are openings to
-    # continue and chat_template is false; for an instruction-tuned model set it true.
+    # hub id | local folder | offline: gemma-3-270m, qwen2.5-0.5b (real), each family's tiny-<family> (random:
+    # docs/models.md's families table). gemma-3-270m is a base model: it continues text (with its chat template
+    # it repeats the prompt), so the prompts are openings to continue and chat_template is false; for an
+    # instruction-tuned model set it true.
     model: str = "gemma-3-270m"
     prompt: str = "The lighthouse keeper found a message in a bottle. It said:"
     # more prompts for the sweep (a list, or a text file with one prompt a line)

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 import torch
 from matplotlib.ticker import NullFormatter
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import mean_sem, metric, new_figure, save_figure
@@ -27,6 +26,7 @@ from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
 from experiments.karbevski.attention_scores import closed_form_std, head_scores, layernorm_rows, unit_norm_rows
+from experiments.karbevski.schema import AttentionScaleConfig
 
 REF = "Karbevski & Mijoski App. 8.1"
 PAPER_STD = {"baseline": 0.0032, "wq_identity": 0.0058}
@@ -35,7 +35,8 @@ INPUTS = ("unit_norm", "layernorm")
 
 
 @torch.no_grad()
-def measure(d: int, heads: int, inputs: str, cfg: DictConfig, generator: torch.Generator, device, dtype) -> dict:
+def measure(d: int, heads: int, inputs: str, cfg: AttentionScaleConfig, generator: torch.Generator, device,
+            dtype) -> dict:
     """Per weight draw: the std of baseline and W_Q = I scores over all token pairs, heads, sequences."""
     out = {"baseline": [], "wq_identity": [], "sq_norm": []}
     for _ in range(cfg.weight_draws):
@@ -52,15 +53,15 @@ def measure(d: int, heads: int, inputs: str, cfg: DictConfig, generator: torch.G
     return {k: np.array(v) for k, v in out.items()}
 
 
-def shapes(cfg: DictConfig) -> list[tuple[str, int, int, str]]:
+def shapes(cfg: AttentionScaleConfig) -> list[tuple[str, int, int, str]]:
     """(sweep, d_model, heads, inputs): the nanoGPT shape with both inputs, then the two sweeps."""
     jobs = [("nanogpt", cfg.d_model, cfg.heads, inputs) for inputs in INPUTS]
-    jobs += [("d_model", int(d), int(d) // cfg.sweep.d_k, "unit_norm") for d in cfg.sweep.d_models]
-    jobs += [("heads", cfg.d_model, int(h), "unit_norm") for h in cfg.sweep.heads]
+    jobs += [("d_model", d, d // cfg.sweep.d_k, "unit_norm") for d in cfg.sweep.d_models]
+    jobs += [("heads", cfg.d_model, h, "unit_norm") for h in cfg.sweep.heads]
     return jobs
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: AttentionScaleConfig, ctx: RunContext) -> None:
     generator = torch.Generator().manual_seed(cfg.seed)
     jobs = shapes(cfg)
     results = {}
@@ -84,7 +85,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     check_claims(ctx, cfg, results)
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, results: dict) -> None:
+def check_claims(ctx: RunContext, cfg: AttentionScaleConfig, results: dict) -> None:
     k = cfg.claims
     unit = results[("nanogpt", cfg.d_model, cfg.heads, "unit_norm")]
     ln = results[("nanogpt", cfg.d_model, cfg.heads, "layernorm")]
@@ -168,7 +169,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "app8_1_attention_scale")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: AttentionScaleConfig) -> None:
     require_positive(cfg, "d_model", "heads", "seq_len", "sequences", "weight_draws", "sweep.d_k")
     if cfg.d_model % cfg.heads:
         raise UserError(f"d_model={cfg.d_model} is not divisible by heads={cfg.heads}")

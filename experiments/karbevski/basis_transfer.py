@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import metric, new_figure, save_figure
@@ -35,6 +34,7 @@ from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
 from experiments.karbevski.basis_targets import BasisTarget, SkipGeluMLP, mean_cosine_distance, relative_sq_error
 from experiments.karbevski.ridge import StreamingRidge
+from experiments.karbevski.schema import BasisTransferConfig
 
 log = logging.getLogger(__name__)
 REF = "Karbevski & Mijoski App. 8.3 Fig. 2"
@@ -50,7 +50,7 @@ def _sample(n: int, h: int, generator: torch.Generator, device, dtype) -> torch.
     return torch.randn(n, h, generator=generator, device=device, dtype=dtype)
 
 
-def fit_linear(target: BasisTarget, h: int, cfg: DictConfig, generator, device, dtype) -> torch.Tensor:
+def fit_linear(target: BasisTarget, h: int, cfg: BasisTransferConfig, generator, device, dtype) -> torch.Tensor:
     """A* of min E‖xA − Y(x)‖² by streaming ridge over cfg.ridge.samples fresh inputs."""
     ridge = StreamingRidge(h, h, cfg.ridge.lam, device=device)
     left = cfg.ridge.samples
@@ -94,7 +94,7 @@ def autocast(device, amp: torch.dtype | None):
     return torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
 
 
-def train(target: BasisTarget, h: int, cfg: DictConfig, generator, device, dtype, ctx: RunContext,
+def train(target: BasisTarget, h: int, cfg: BasisTransferConfig, generator, device, dtype, ctx: RunContext,
           amp: torch.dtype | None = None) -> SkipGeluMLP:
     """`dtype` is the weights' and the data's; `amp` (bfloat16 / float16) runs the forward under autocast."""
     model = SkipGeluMLP(h, cfg.mult).to(device, dtype)
@@ -123,10 +123,10 @@ def train(target: BasisTarget, h: int, cfg: DictConfig, generator, device, dtype
     return model
 
 
-def expected_seconds(cfg: DictConfig, device, dtype) -> float:
+def expected_seconds(cfg: BasisTransferConfig, device, dtype) -> float:
     """A rough time for the whole run here: the FLOPs of training and of the ridge fit over a
     matmul throughput measured now (≈ 66 h² FLOPs per training sample-step, 22 h² per ridge sample)."""
-    h = max(int(v) for v in cfg.widths)
+    h = max(cfg.widths)
     a = torch.randn(2048, h, device=device, dtype=dtype)
     b = torch.randn(h, cfg.mult * h, device=device, dtype=dtype)
     a @ b
@@ -136,12 +136,12 @@ def expected_seconds(cfg: DictConfig, device, dtype) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     flops_per_s = 3 * 2 * 2048 * h * cfg.mult * h / max(time.perf_counter() - t0, 1e-9)
-    flops = sum(66 * int(w) ** 2 * (cfg.train.steps * cfg.train.batch) + 22 * int(w) ** 2 * cfg.ridge.samples
+    flops = sum(66 * w ** 2 * (cfg.train.steps * cfg.train.batch) + 22 * w ** 2 * cfg.ridge.samples
                 for w in cfg.widths)
     return flops / flops_per_s
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: BasisTransferConfig, ctx: RunContext) -> None:
     device, amp = ctx.device, amp_dtype(ctx.dtype)
     dtype = torch.float32 if amp is not None else ctx.dtype  # weights and data: float32 under mixed precision
     ctx.precision = precision(ctx.dtype)
@@ -150,8 +150,8 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     if device.type == "cpu" and eta > cfg.warn_after_s:
         log.warning("basis_transfer at these sizes on CPU: expect about %.1f hours here (preset=%s). It needs a "
                     "GPU (device=auto takes one); preset=cpu is the same protocol scaled to minutes.",
-                    eta / 3600, cfg.get("preset"))
-    for h in (int(v) for v in cfg.widths):
+                    eta / 3600, cfg.preset)
+    for h in cfg.widths:
         cpu_gen = torch.Generator().manual_seed(cfg.seed * 1000 + h)
         target = BasisTarget.random(h, cpu_gen).to(device, dtype)
         gen = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + h + 1)
@@ -177,7 +177,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     check_claims(ctx, cfg, ctx.metrics())
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, metrics: pd.DataFrame) -> None:
+def check_claims(ctx: RunContext, cfg: BasisTransferConfig, metrics: pd.DataFrame) -> None:
     rel = metric(metrics, "rel_l2").pivot_table(index="h", columns="model", values="value")
     cos = metric(metrics, "cosine_distance").pivot_table(index="h", columns="model", values="value")
     ctx.check("karbevski.fig2.mlp_beats_linear", REF,
@@ -247,12 +247,12 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "fig2_basis_transfer")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: BasisTransferConfig) -> None:
     require_positive(cfg, "mult", "eval_samples", "chunk", "train.steps", "train.batch", "train.log_every",
                      "ridge.samples")
-    if not cfg.widths or any(int(h) < 1 for h in cfg.widths):
+    if not cfg.widths or any(h < 1 for h in cfg.widths):
         raise UserError(f"widths={list(cfg.widths)} must be a non-empty list of positive integers")
-    if cfg.ridge.samples < max(int(h) for h in cfg.widths):
+    if cfg.ridge.samples < max(cfg.widths):
         raise UserError(f"ridge.samples={cfg.ridge.samples} is below the width {max(cfg.widths)}: the linear fit "
                         "would be underdetermined")
     if not cfg.train.lr > 0 or cfg.train.weight_decay < 0 or not cfg.train.clip > 0:

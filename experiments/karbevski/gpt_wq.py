@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
 from experiments.core import distributed
 from experiments.core.config_schema import node_values
@@ -36,20 +35,20 @@ from experiments.karbevski.gpt.params import count_formula, count_meta
 from experiments.karbevski.gpt.plots import plot
 from experiments.karbevski.gpt.train import LoopState, TrainSettings, make_optimizer, precision, train
 from experiments.karbevski.gpt.variants import VARIANTS, model_config
-from experiments.karbevski.schema import GptTrain
+from experiments.karbevski.schema import GptTrain, GptVariant, GptWqConfig
 
 REF = "Karbevski & Mijoski §5.1, Table 2"
 PAPER_SHAPE = GPTConfig()  # 12 layers, 12 heads, d_model 768, T 1024, vocabulary 50 304
 
 
-def base_config(cfg: DictConfig) -> GPTConfig:
+def base_config(cfg: GptWqConfig) -> GPTConfig:
     m = cfg.model
-    return GPTConfig(vocab_size=int(m.vocab_size), block_size=int(m.block_size), n_layer=int(m.n_layer),
-                     n_head=int(m.n_head), d_model=int(m.d_model), mlp_hidden=4 * int(m.d_model))
+    return GPTConfig(vocab_size=m.vocab_size, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head,
+                     d_model=m.d_model, mlp_hidden=4 * m.d_model)
 
 
-def variant_names(cfg: DictConfig) -> list[str]:
-    return list(VARIANTS) if cfg.variant == "all" else [str(cfg.variant)]
+def variant_names(cfg: GptWqConfig) -> list[str]:
+    return list(VARIANTS) if cfg.variant == GptVariant.all else [cfg.variant.value]  # a name, as saved
 
 
 def compile_setting(value, device_type: str) -> tuple[bool, str | None]:
@@ -61,7 +60,7 @@ def compile_setting(value, device_type: str) -> tuple[bool, str | None]:
     return missing is None, missing and f"train.compile=auto: trained without torch.compile, which needs {missing}"
 
 
-def settings(cfg: DictConfig, variant_name: str, device_type: str = "cpu") -> TrainSettings:
+def settings(cfg: GptWqConfig, variant_name: str, device_type: str = "cpu") -> TrainSettings:
     """This rank's training loop: cfg.train with grad_accum split over the ranks and the variant's weight
     decay where the config leaves it null."""
     node = node_values(cfg.train, GptTrain)
@@ -69,29 +68,29 @@ def settings(cfg: DictConfig, variant_name: str, device_type: str = "cpu") -> Tr
     wd = VARIANTS[variant_name].weight_decay if node["weight_decay"] is None else node["weight_decay"]
     compile_, _ = compile_setting(node["compile"], device_type)
     return TrainSettings(**node | {"grad_accum": node["grad_accum"] // world, "weight_decay": wd, "compile": compile_},
-                         seed=int(cfg.seed), amp=amp_dtype(cfg))
+                         seed=cfg.seed, amp=amp_dtype(cfg))
 
 
-def amp_dtype(cfg: DictConfig) -> torch.dtype | None:
+def amp_dtype(cfg: GptWqConfig) -> torch.dtype | None:
     """dtype=bfloat16: bf16 autocast over float32 weights (the paper's mixed precision); float32: none."""
-    return torch.bfloat16 if resolve_dtype(cfg.get("dtype", "float32")) == torch.bfloat16 else None
+    return torch.bfloat16 if resolve_dtype(cfg.dtype) == torch.bfloat16 else None
 
 
-def data_key(cfg: DictConfig) -> str:
-    return str(cfg.data) if cfg.data != "text_file" else f"text_file:{cfg.text_file}"
+def data_key(cfg: GptWqConfig) -> str:
+    return cfg.data if cfg.data != "text_file" else f"text_file:{cfg.text_file}"
 
 
-def identity_of(cfg: DictConfig, name: str) -> dict:
-    return ckpt.describe(name, model_config(VARIANTS[name], base_config(cfg)), str(cfg.tokenizer), data_key(cfg))
+def identity_of(cfg: GptWqConfig, name: str) -> dict:
+    return ckpt.describe(name, model_config(VARIANTS[name], base_config(cfg)), cfg.tokenizer, data_key(cfg))
 
 
 def checkpoint_dir(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / "checkpoints" / name
 
 
-def resume_path(cfg: DictConfig, name: str) -> str:
+def resume_path(cfg: GptWqConfig, name: str) -> str:
     """resume= names a run folder (its checkpoints/<variant>/) or one checkpoint file."""
-    p = Path(str(cfg.resume)).expanduser()
+    p = Path(cfg.resume).expanduser()
     if (checkpoint_dir(p, name) / ckpt.CKPT).is_file():
         return str(checkpoint_dir(p, name))
     if (p / "checkpoints").is_dir():
@@ -101,11 +100,11 @@ def resume_path(cfg: DictConfig, name: str) -> str:
     return str(p)
 
 
-def load_data(cfg: DictConfig):
+def load_data(cfg: GptWqConfig):
     cache = cache_root(cfg.cache_dir)
-    folder = prepared_folder(str(cfg.data), str(cfg.tokenizer), cache, cfg.text_file)
+    folder = prepared_folder(cfg.data, cfg.tokenizer, cache, cfg.text_file)
     if distributed.is_main_process():
-        prepare(str(cfg.data), str(cfg.tokenizer), cache, cfg.text_file, float(cfg.val_fraction))
+        prepare(cfg.data, cfg.tokenizer, cache, cfg.text_file, cfg.val_fraction)
     else:
         distributed.wait_for(folder / META)
     return load_bins(folder)
@@ -131,7 +130,7 @@ def log_parameter_counts(ctx: RunContext, name: str, model_cfg: GPTConfig) -> No
     ctx.log("params_formula_minus_module", count_formula(paper_shape)["total"] - counted["total"], variant=name)
 
 
-def train_variant(cfg: DictConfig, ctx: RunContext, name: str, data, device: torch.device) -> float:
+def train_variant(cfg: GptWqConfig, ctx: RunContext, name: str, data, device: torch.device) -> float:
     me = distributed.info()
     train_data, val_data, meta = data
     model_cfg = model_config(VARIANTS[name], base_config(cfg))
@@ -141,9 +140,8 @@ def train_variant(cfg: DictConfig, ctx: RunContext, name: str, data, device: tor
     if why and why not in ctx.notes:
         ctx.notes.append(why)
     ctx.log("weight_decay", s.weight_decay, variant=name)
-    starts = fixed_windows(len(val_data), model_cfg.block_size, int(cfg.train.val_windows),
-                           seed=int(cfg.train.val_seed))
-    torch.manual_seed(int(cfg.seed))  # every variant starts from its own seeded init, the same on every rank
+    starts = fixed_windows(len(val_data), model_cfg.block_size, cfg.train.val_windows, seed=cfg.train.val_seed)
+    torch.manual_seed(cfg.seed)  # every variant starts from its own seeded init, the same on every rank
     model = GPT(model_cfg).to(device)
     optimizer = make_optimizer(model, s, device)
     identity = identity_of(cfg, name)
@@ -204,7 +202,7 @@ def export_and_compare(ctx: RunContext, name: str, model: GPT, meta: dict, cache
               "relative to the largest logit)", (ours - theirs).abs().max().item() / max(scale, 1e-12), "<=", 1e-5)
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: GptWqConfig, ctx: RunContext) -> None:
     require_cuda(cfg, ctx.device.type == "cuda")  # also in a SLURM job, whose node the CLI could not check
     distributed.init()
     device = distributed.local_device(ctx.device)
@@ -221,35 +219,35 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
                   paper_value=row["paper_value"])
 
 
-def check_compile(cfg: DictConfig) -> None:
+def check_compile(cfg: GptWqConfig) -> None:
     """train.compile is true, false or auto; true where torch.compile cannot work here is one line (auto
     falls back to eager training instead). A SLURM job's node is not this machine: not checked here."""
     value = cfg.train.compile
     if not isinstance(value, bool) and str(value).lower() != "auto":
         raise UserError(f"train.compile={value} must be true, false or auto")
-    if value is True and not launched_elsewhere(cfg):
-        missing = compile_missing(resolve_device(str(cfg.get("device", "auto"))).type)
+    if value is True and not launched_elsewhere():
+        missing = compile_missing(resolve_device(cfg.device).type)
         if missing:
             raise UserError(f"train.compile=true: torch.compile needs {missing}, not found here; use "
                             f"train.compile=auto (compiles where it can, else trains eagerly) or train.compile=false")
 
 
-def require_cuda(cfg: DictConfig, cuda: bool) -> None:
+def require_cuda(cfg: GptWqConfig, cuda: bool) -> None:
     if cfg.require_gpu and not cuda:
         tokens = cfg.train.steps * cfg.train.micro_batch * cfg.train.grad_accum * cfg.model.block_size
-        raise UserError(f"preset={cfg.get('preset')} trains on {tokens / 1e9:.3g}B tokens per variant and needs CUDA "
+        raise UserError(f"preset={cfg.preset} trains on {tokens / 1e9:.3g}B tokens per variant and needs CUDA "
                         f"GPUs (e.g. torchrun --nproc_per_node=8 -m cli.main run gpt_wq ...); none here. Use "
                         f"preset=cpu, or require_gpu=false to insist")
 
 
-def validate(cfg: DictConfig) -> None:
-    if resolve_dtype(cfg.get("dtype", "float32")) not in (torch.float32, torch.bfloat16):
+def validate(cfg: GptWqConfig) -> None:
+    if resolve_dtype(cfg.dtype) not in (torch.float32, torch.bfloat16):
         raise UserError(f"gpt_wq trains in dtype=float32 or dtype=bfloat16 (autocast over float32 weights, the "
                         f"paper's), not dtype={cfg.dtype}: float16 would need loss scaling")
     require_positive(cfg, "model.n_layer", "model.n_head", "model.d_model", "model.block_size", "model.vocab_size",
                      "train.micro_batch", "train.grad_accum", "train.eval_every", "train.log_every",
                      "train.checkpoint_every", "train.val_windows", "train.eval_batch")
-    if int(cfg.train.steps) < 0 or int(cfg.train.warmup_steps) < 0:
+    if cfg.train.steps < 0 or cfg.train.warmup_steps < 0:
         raise UserError("train.steps and train.warmup_steps must be at least 0")
     if cfg.model.d_model % cfg.model.n_head:
         raise UserError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_head={cfg.model.n_head}")
@@ -266,11 +264,11 @@ def validate(cfg: DictConfig) -> None:
                         f"divisible by the {world} ranks")
     if cfg.train.decay_steps is not None and cfg.train.decay_steps < cfg.train.warmup_steps:
         raise UserError(f"train.decay_steps={cfg.train.decay_steps} is shorter than the warmup")
-    if not launched_elsewhere(cfg):  # a SLURM job checks on its own node (run)
+    if not launched_elsewhere():  # a SLURM job checks on its own node (run)
         require_cuda(cfg, torch.cuda.is_available())
     check_compile(cfg)
     if cfg.data == "openwebtext":
-        folder = prepared_folder("openwebtext", str(cfg.tokenizer), cache_root(cfg.cache_dir))
+        folder = prepared_folder("openwebtext", cfg.tokenizer, cache_root(cfg.cache_dir))
         if not is_prepared(folder):
             from experiments.data.openwebtext import HUB_HOST, hub_reachable
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.atomic import write_text_atomic
 from experiments.core.errors import UserError
@@ -31,6 +30,7 @@ from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
 from experiments.karbevski import wq_statements as st
 from experiments.karbevski.reparam import thm42_attention_skip_only
+from experiments.karbevski.schema import WqReparamConfig
 from experiments.karbevski.toy_transformer import Arch, forward, parameter_counts, random_weights
 
 PAPER = "Karbevski & Mijoski"
@@ -60,12 +60,12 @@ OBSTRUCTIONS = [
 NANOGPT_SAVED_M = 84.95 - 77.88  # Table 2: non-embedding params, baseline 124M minus W_Q = I 117M
 
 
-def shape(cfg: DictConfig) -> st.Shape:
+def shape(cfg: WqReparamConfig) -> st.Shape:
     return st.Shape(d_model=cfg.d_model, heads=cfg.heads, layers=cfg.layers, d_ff=cfg.d_ff, vocab=cfg.vocab,
                     seq_len=cfg.seq_len, batch=cfg.batch, ln_eps=cfg.ln_eps, wq_rank=cfg.wq_rank)
 
 
-def measure(key: str, fn, kwargs: dict, cfg: DictConfig, s: st.Shape, g: torch.Generator) -> dict:
+def measure(key: str, fn, kwargs: dict, cfg: WqReparamConfig, s: st.Shape, g: torch.Generator) -> dict:
     r = cfg.relu
     if key == "thm8_3":
         return st.thm83_absorb(r.h, r.m, r.j_size, r.samples, g)
@@ -74,7 +74,7 @@ def measure(key: str, fn, kwargs: dict, cfg: DictConfig, s: st.Shape, g: torch.G
     return fn(s, g, **kwargs)
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: WqReparamConfig, ctx: RunContext) -> None:
     g = torch.Generator().manual_seed(cfg.seed)
     s = shape(cfg)
     jobs = [(ref, what, label, fn, kw, "exact") for ref, what, label, fn, kw in EXACT]
@@ -124,7 +124,7 @@ def _meta_model(vocab: int, d: int, d_ff: int, layers: int, max_len: int) -> dic
 REDUCE = thm42_attention_skip_only
 
 
-def log_parameter_counts(ctx: RunContext, cfg: DictConfig, g: torch.Generator) -> dict:
+def log_parameter_counts(ctx: RunContext, cfg: WqReparamConfig, g: torch.Generator) -> dict:
     """Attention parameters of the toy model and of its Thm 4.2 reduction, counted from the reduced
     tensors, with the reduced model's own forward pass against the original's (relative max error);
     and nanoGPT's GPT-2 small shape reduced by the same function on shape-only (meta) tensors."""
@@ -150,7 +150,8 @@ def _worst(results: list[dict], field: str, reduce=max) -> float:
     return reduce(r[field] / r["scale"] for r in results)
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, results: dict, lemma84: list, remark5: list, counts: dict) -> None:
+def check_claims(ctx: RunContext, cfg: WqReparamConfig, results: dict, lemma84: list, remark5: list,
+                 counts: dict) -> None:
     k = cfg.claims
     for ref, what, label, _, _ in EXACT:
         rs = results[f"{ref}.{what}"]
@@ -290,14 +291,14 @@ def write_table(worst: pd.DataFrame, order: list[str], figures_dir: Path) -> Pat
     return path
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: WqReparamConfig) -> None:
     require_positive(cfg, "d_model", "heads", "layers", "d_ff", "vocab", "seq_len", "batch", "trials",
                      "relu.samples", "remark5.samples_per_dim")
     if cfg.d_model % cfg.heads:
         raise UserError(f"d_model={cfg.d_model} is not divisible by heads={cfg.heads}")
-    if cfg.wq_rank is not None and not 0 <= int(cfg.wq_rank) <= cfg.d_model:
+    if cfg.wq_rank is not None and not 0 <= cfg.wq_rank <= cfg.d_model:
         raise UserError(f"wq_rank={cfg.wq_rank} must lie in [0, d_model={cfg.d_model}]")
-    if cfg.wq_rank is not None and int(cfg.wq_rank) < cfg.d_model:
+    if cfg.wq_rank is not None and cfg.wq_rank < cfg.d_model:
         raise UserError(f"wq_rank={cfg.wq_rank} < d_model={cfg.d_model} makes every W_Q singular: the W_Q = I "
                         "reparametrization needs W_Q in GL(d) (invertible); use wq_rank=null")
     r = cfg.relu
@@ -306,7 +307,7 @@ def validate(cfg: DictConfig) -> None:
                         f"j_size={r.j_size}, m={r.m}")
     if r.m > 14:
         raise UserError(f"relu.m={r.m}: the no-fit search enumerates 2^m sign patterns; keep m ≤ 14")
-    if any(int(d) < 3 for d in cfg.remark5.dims):
+    if any(d < 3 for d in cfg.remark5.dims):
         raise UserError("remark5.dims must all be at least 3 (LayerNorm's zero-mean subspace has dimension d − 1)")
 
 

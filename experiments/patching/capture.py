@@ -1,6 +1,7 @@
 """What the patching reads off a decoder layer's forward: hooks that keep the values an adapter names
 (the layer's input and output, the residual v before the MLP or a parallel block's attention output, the
-MLP input z, the output rule's inputs) at the query position, the last one of the sequence.
+MLP input z, each per-matrix input beside it as "z@MODULE", the output rule's inputs) at the query position,
+the last one of the sequence.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ if TYPE_CHECKING:  # a type only: the adapters' module is above this one
 
 
 class StopAtMLP(Exception):
-    """Raised by a hook once the MLP input is known: the rest of the layer is not needed."""
+    """Raised by a hook once every input the input matrices read is known (the MLP's, and each per-matrix
+    input beside it): the rest of the layer is not needed."""
 
 
 def last_position(t):
@@ -54,14 +56,16 @@ def _module(layer: nn.Module, path: str) -> nn.Module:
 
 def register_captures(adapter: BlockAdapter, layer: nn.Module, values: dict, stop_at_mlp: bool = False) -> list:
     """Hooks recording the adapter's values into `values` (query position); `stop_at_mlp` aborts the
-    forward once z is known (raises StopAtMLP)."""
+    forward once every input an input matrix reads is known (raises StopAtMLP): z, and the inputs of the
+    modules beside the MLP (`input_at`), whichever the forward reaches last."""
     handles = []
+    inputs = ("z", *(f"z@{path}" for path in adapter.input_modules))
 
     def keep_input(name: str, stop: bool = False):
         def hook(_m, args, kwargs=None):
             x = args[0] if args else kwargs["hidden_states"]
             values[name] = last_position(x)
-            if stop:
+            if stop and all(key in values for key in inputs):
                 raise StopAtMLP
 
         return hook
@@ -78,6 +82,9 @@ def register_captures(adapter: BlockAdapter, layer: nn.Module, values: dict, sto
         handles.append(_module(layer, adapter.attention).register_forward_hook(keep_output("attn")))
     handles.append(_module(layer, adapter.mlp).register_forward_pre_hook(keep_input("z", stop_at_mlp),
                                                                          with_kwargs=True))
+    for path in adapter.input_modules:
+        handles.append(_module(layer, path).register_forward_pre_hook(keep_input(f"z@{path}", stop_at_mlp),
+                                                                      with_kwargs=True))
     for name, (path, where) in adapter.captures.items():
         m = _module(layer, path)
         handles.append(m.register_forward_pre_hook(keep_input(name), with_kwargs=True) if where == "input"

@@ -36,10 +36,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from experiments.patching import lemmas
-from experiments.patching.arch.base import OUTER_WEIGHT, BlockAdapter
+from experiments.patching.arch.base import BlockAdapter
 from experiments.patching.capture import LayerCapture, first_output, last_position, register_captures, residual
 from experiments.patching.rounded import PatchBuffers, input_update_rounded
-from experiments.patching.rules import LayerPatchStats, rule_for
+from experiments.patching.rules import OUTER_WEIGHT, LayerPatchStats
 from experiments.patching.rules.base import OutputRule
 from experiments.patching.rules.base import module_input as _input
 
@@ -68,7 +68,7 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
 
     def patch_pre_norm(module, a, kw):  # Thm 9: W_down h′ = C sign(d_C), so the norm's output is ±1
         P = originals[pre_norm]
-        solve_output_rule(rule_for(OUTER_WEIGHT), module, P, bufs.tensors[pre_norm], a, kw,
+        solve_output_rule(OUTER_WEIGHT, module, P, bufs.tensors[pre_norm], a, kw,
                           lemmas.sign_pre_norm_target(cap.d_c.to(cdt)), cdt, LayerPatchStats(), adapter)
         done.append("pre_norm")
 

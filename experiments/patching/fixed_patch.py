@@ -48,15 +48,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from experiments.patching.arch.base import CONV1D, EXPERTS, OUTER_WEIGHT, BlockAdapter
+from experiments.patching.arch.base import CONV1D, EXPERTS, BlockAdapter
 from experiments.patching.compare import comparable
 from experiments.patching.lemmas_ls import input_update_ls, relative_residual, ridge_ls, truncate
-from experiments.patching.rules import RULES
 from experiments.patching.rules.base import as_rows as _rows
 from experiments.patching.rules.base import module_input as _hidden
-
-# a matrix on the output side (outer weight, MoE): exact at k positions (independent inputs)
-EXACT_RULES = tuple(key for key, rule in RULES.items() if rule.exact_at_k)
 
 
 # -- what the with-context pass gives -----------------------------------------------------------------
@@ -214,7 +210,7 @@ def _output_side(adapter: BlockAdapter, module: nn.Module, P: Tensor, args: tupl
     G = pick(_first(module.forward(*args, **kwargs)))  # .forward: no hooks
     R = R_of_g(G)
     sub_args, sub_kwargs = pick.args(args, kwargs)
-    if ridge and adapter.output_rule == OUTER_WEIGHT:  # ΔW′ Yᵀ ≈ Rᵀ, regularized
+    if ridge and adapter.rule.takes_ridge:  # ΔW′ Yᵀ ≈ Rᵀ, regularized
         delta, fitted = ridge_ls(R.T, _rows(_hidden(sub_args, sub_kwargs)), ridge), None
     else:  # the rule's least squares (a vector rule is overdetermined already)
         delta, fitted = adapter.rule.fit_positions(adapter, module, P, sub_args, sub_kwargs, R)
@@ -236,6 +232,7 @@ def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
     truncates every fitted matrix to its best rank-r approximation before the next layer is fitted;
     `ridge` > 0 replaces the pseudo-inverse by Tikhonov's regularized inverse (lemmas_ls.ridge_ls). The
     model's parameters are changed in place (restore with `.restore(model)`)."""
+    check_fixed_patch(adapter)
     layers = adapter.layers(model)
     names = {id(m): n for n, m in model.named_modules()}
     pick = RowPicker(rows, *input_ids.shape)
@@ -289,6 +286,18 @@ def fit_fixed_patch(model: nn.Module, adapter: BlockAdapter, input_ids: Tensor, 
     return patch
 
 
+def check_fixed_patch(adapter: BlockAdapter) -> None:
+    """One line when the fit cannot take the block: it fits every input matrix in the MLP's pre-hook, from
+    the MLP's inputs Z, and matrices that read their own inputs beside the MLP (Gemma 4's router and
+    experts) would be fitted to the wrong vectors."""
+    from experiments.core.errors import UserError
+
+    if adapter.input_at:
+        raise UserError(f"the fixed patch fits every input matrix from the MLP's inputs, and in {adapter.family} "
+                        f"{', '.join(adapter.input_at)} read their own inputs beside the MLP; patch it per token "
+                        "(patch_match variant=naive)")
+
+
 def rank_limit(config, adapter: BlockAdapter) -> int:
     """The most positions the input update can fit exactly: z has d = hidden size coordinates (and an
     outer matrix's input n ≥ d coordinates in every supported block)."""
@@ -296,5 +305,5 @@ def rank_limit(config, adapter: BlockAdapter) -> int:
     return int(getattr(text, "hidden_size", None) or text.n_embd)
 
 
-__all__ = ["EXACT_RULES", "EXPERTS", "FixedPatch", "LayerFit", "RowPicker", "Targets", "capture_targets",
-           "fit_fixed_patch", "layer_outputs", "rank_limit"]
+__all__ = ["EXPERTS", "FixedPatch", "LayerFit", "RowPicker", "Targets", "capture_targets",
+           "check_fixed_patch", "fit_fixed_patch", "layer_outputs", "rank_limit"]

@@ -1,7 +1,8 @@
-"""The names Table 1 is written in: how an input matrix stores W, and which output rule a block uses.
+"""The names Table 1 is written in: how an input matrix stores W, how a patch is applied, how text advances.
 
 Plain constants in a module of their own, so that the adapters (arch/), the rules (rules/) and the rounded
-updates (rounded.py) can all name them without importing one another.
+updates (rounded.py) can all name them without importing one another. The output rules are objects
+(`patching/rules/`), each with its name as `key`.
 """
 
 # Layouts of an input matrix W that reads z:
@@ -9,13 +10,6 @@ LINEAR = "linear"  # nn.Linear weight (out, in): y = W z
 CONV1D = "conv1d"  # GPT-2's Conv1D weight (in, out): y = z W, so the effective matrix is Wᵀ
 EXPERTS = "experts"  # an MoE's stacked expert weights (E, out, in): y_e = W_e z
 EXPERTS_IN_OUT = "experts_in_out"  # stacked the other way, (E, in, out): y_e = z W_e (gpt-oss)
-
-# Output rules (Table 1):
-OUTER_BIAS = "outer_bias"  # Thm 8: Δb = r
-OUTER_WEIGHT = "outer_weight"  # Thm 9: ΔW′ = r yᵀ / ‖y‖², y = the input of the outer matrix
-SCALE = "scale"  # Thm 10: Δm = r ⊘ h, h = the normalized output before the scale
-MOE = "moe"  # Thm 11: each active expert's outer matrix adds r / S
-MOE_BIAS = "moe_bias"  # Thm 8 in Thm 11: each active expert's outer bias adds r / S (rules/moe_bias.py)
 
 # How a matrix's rank-1 patch reaches the patched forward (`apply=`, Patcher; rounded.RankOneAction):
 MATERIALIZED = "materialized"  # W + ΔW rounded once to the model's dtype: the paper's reading of a weight update

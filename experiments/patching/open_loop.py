@@ -2,9 +2,10 @@
 
 Each layer's patch is computed against the with-context pass's input to the layer, x_{l−1} (the target),
 whatever hidden state the patched pass really brings: the layer runs once without the context on
-x_{l−1} (to the MLP: v and z), every input matrix gets the rank-1 input update (Thms 6–7, an MoE's
-router included), and the output step makes the outer function's output move by r = v_C − v (Thms 8–12;
-App. B's for a post-norm block). Then the layer runs its own forward, with W + ΔW rounded to the model's
+x_{l−1} (as far as the last input a matrix reads: v, z, and each per-matrix input beside the MLP), every
+input matrix gets the rank-1 input update from what it reads (Thms 6–7, an MoE's router included), and
+the output step makes the outer function's output move by r = v_C − v (Thms 8–12; App. B's for a
+post-norm block). Then the layer runs its own forward, with W + ΔW rounded to the model's
 dtype, on the real hidden state. The patched pass's input differs from x_{l−1} by rounding (and, with
 learned absolute positions, by the position embedding): errors propagate, which is what the paper's
 method is measured on.
@@ -36,7 +37,7 @@ OutputStep = Callable[..., LayerPatchStats]
 def run_layer(adapter, layer: nn.Module, args: tuple, kwargs: dict, hidden: Tensor, params: dict,
               stop_at_mlp: bool = False) -> tuple[dict, object]:
     """The layer's own forward on `hidden` with `params` substituted, recording the adapter's values at the
-    query position (`stop_at_mlp`: only as far as the MLP's input)."""
+    query position (`stop_at_mlp`: only as far as the last input an input matrix reads)."""
     values = {"x_in": last_position(hidden)}
     if args:
         args = (hidden, *args[1:])
@@ -62,10 +63,10 @@ def fill(patcher, layer: nn.Module, target: LayerCapture, hidden: Tensor, args: 
     adapter, cdt, bufs = patcher.adapter, patcher.cdt, patcher.bufs
     x_ref = target.x_in.to(hidden.dtype).view_as(hidden)
     bufs.begin()
-    alone, _ = run_layer(adapter, layer, args, kwargs, x_ref, {}, stop_at_mlp=True)  # v and z without context
+    alone, _ = run_layer(adapter, layer, args, kwargs, x_ref, {}, stop_at_mlp=True)  # v and z(s) without context
     for name, layout in adapter.input_matrices.items():  # Thms 6–7 (+ the router, Thm 11)
-        W = layer.get_parameter(name)
-        input_update_rounded(W, layout, target.z_c, alone["z"], bufs.out(name, W), cdt)
+        W, key = layer.get_parameter(name), adapter.input_key(name)  # z, or the matrix's own input
+        input_update_rounded(W, layout, target.values[key], alone[key], bufs.out(name, W), cdt)
     r = residual(target.values).to(cdt) - residual(alone).to(cdt)  # v_C − v (Thm 12: A_C − A)
     return output_step(patcher, layer, target, r)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from experiments.patching.kinds import ACTION, APPLY_MODES, CONV1D, LINEAR, MOE, MOE_BIAS, SCALE
+from experiments.patching.kinds import ACTION, APPLY_MODES, CONV1D, LINEAR
 
 if TYPE_CHECKING:  # types only: the adapters import torch
     from experiments.patching.arch.base import BlockAdapter
@@ -66,7 +66,7 @@ class Variant:
 
 def _post_norm_block(adapter: BlockAdapter) -> bool:
     """A block ending in m ⊙ RMSNorm(W_down h) (Gemma 3, OLMo 2): App. B's steps apply."""
-    return adapter.output_rule == SCALE and adapter.pre_norm_matrix is not None
+    return adapter.rule.post_norm and adapter.pre_norm_matrix is not None
 
 
 def _needs_post_norm(variant: str, adapter: BlockAdapter) -> str | None:
@@ -91,12 +91,27 @@ def _scaled_branch(variant: str, adapter: BlockAdapter) -> str | None:
     return None
 
 
+IN_PASS = "updates every input matrix in the pass from the MLP's input"  # the closed loop (closed_loop.py)
+DOWN_STEP = "moves the one matrix before the post-MLP norm (W_down)"  # App. B (app_b.py)
+
+
+def _own_inputs(variant: str, adapter: BlockAdapter, does: str) -> str | None:
+    """Per-matrix inputs (Gemma 4's router and experts beside its MLP, each reading its own norm of v): the
+    closed loop updates every input matrix in the MLP's pre-hook from the MLP's input z′ (the router's and
+    the experts' inputs are other vectors), and App. B moves W_down, while the post-MLP norm here normalizes
+    the sum of the MLP's and the experts' branches. The open loop takes it: each update reads its own input."""
+    if not adapter.input_at:
+        return None
+    return (f"variant={variant} {does}, and in {adapter.family} {', '.join(adapter.input_at)} read their own "
+            "inputs beside the MLP, whose output the post-MLP norm sums with theirs; use variant=naive")
+
+
 def _shared_expert(variant: str, adapter: BlockAdapter) -> str | None:
     """The closed loop solves an MoE's routed experts in the pass for T − v as if they were the whole MLP; a
     shared expert beside them (Qwen3-Next) adds its own output, which that solve does not see (measured: 75 %
     top-1, logits 0.53 off on the tiny model, its last-layer control alike). The open loop takes it: the
     shared expert's matrices get the input update, and the routed experts absorb r."""
-    if adapter.output_rule in (MOE, MOE_BIAS) and any("shared_expert" in name for name in adapter.input_matrices):
+    if adapter.rule.routed_experts and any("shared_expert" in name for name in adapter.input_matrices):
         return (f"variant={variant} solves the routed experts for T − v as if they were the whole MLP, and "
                 f"{adapter.family}'s MLP adds a shared expert beside them; use variant=naive")
     return None
@@ -135,7 +150,7 @@ class Naive(OpenLoop):
     def exact_open_loop(self, adapter):
         # Thm 10 divides by MLP outputs near 0 on trained weights (Gemma 3 270M: 0/480 tokens), and learned
         # absolute positions put the query alone at another input than the one the patch was computed for
-        return adapter.output_rule != SCALE and not adapter.absolute_positions
+        return not adapter.rule.post_norm and not adapter.absolute_positions
 
     def output_step(self):
         from experiments.patching.open_loop import output_rule_step
@@ -149,7 +164,8 @@ class Stable(OpenLoop):
     sign_target: ClassVar[bool] = False
 
     def unsupported(self, adapter):
-        return _needs_post_norm(self.name, adapter) or _scaled_branch(self.name, adapter)
+        return (_own_inputs(self.name, adapter, DOWN_STEP) or _needs_post_norm(self.name, adapter)
+                or _scaled_branch(self.name, adapter))
 
     def output_step(self):
         from experiments.patching.open_loop import stable_step
@@ -176,7 +192,8 @@ class ClosedLoop(Variant):
         return "conditioned" if self.conditioned and _post_norm_block(adapter) else "naive"
 
     def unsupported(self, adapter):
-        return _scaled_branch(self.name, adapter) or _shared_expert(self.name, adapter)
+        return (_own_inputs(self.name, adapter, IN_PASS) or _scaled_branch(self.name, adapter)
+                or _shared_expert(self.name, adapter))
 
     def patch(self, patcher, layer, target, args, kwargs):
         from experiments.patching.closed_loop import patched_layer_forward
@@ -191,9 +208,10 @@ class ClosedLoopScale(ClosedLoop):
     conditioned = False
 
     def unsupported(self, adapter):
-        if _scaled_branch(self.name, adapter):
-            return _scaled_branch(self.name, adapter)
-        if adapter.output_rule == SCALE and adapter.pre_norm_matrix:
+        why = _own_inputs(self.name, adapter, IN_PASS) or _scaled_branch(self.name, adapter)
+        if why:
+            return why
+        if adapter.rule.post_norm and adapter.pre_norm_matrix:
             return None
         return (f"variant={self.name} (Thm 10 alone in the closed loop) is the post-norm closed loop without its "
                 f"W_down step; {adapter.family} has no post-MLP norm: use variant=closed_loop")
@@ -247,7 +265,7 @@ def check_apply(adapter: BlockAdapter, variant: Variant, apply: str) -> str:
     if apply == ACTION and not variant.evidence:
         raise UserError(f"apply=action is for the open loop (naive, stable, conditioned): variant={variant.name} "
                         "solves each layer inside the pass for its rounded weights; use apply=materialized")
-    if apply == ACTION and (adapter.output_rule in (MOE, MOE_BIAS)
+    if apply == ACTION and (adapter.rule.routed_experts
                             or any(layout not in (LINEAR, CONV1D) for layout in adapter.input_matrices.values())):
         raise UserError(f"apply=action keeps rank-1 updates of 2-D matrices; {adapter.family}'s stacked experts "
                         "(MoE) are not: use apply=materialized")

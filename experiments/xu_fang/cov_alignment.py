@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
@@ -28,6 +27,7 @@ from experiments.core.validation import require_positive
 from experiments.xu_fang.attention import causal_head, cosine, project, readout_matrix
 from experiments.xu_fang.closed_forms import gamma_gaussian
 from experiments.xu_fang.fitting import geometric_grid, log_binned_means, loglog_fit
+from experiments.xu_fang.schema import CovAlignmentConfig
 from experiments.xu_fang.streams import gaussian_stream, random_covariance_factor
 
 SOURCE = "Xu & Fang Thm 3.4, App. B.1 Fig 2"
@@ -41,7 +41,7 @@ def sample_heads(draws: int, d: int, d_k: int, std: float, generator: torch.Gene
 
 
 @torch.no_grad()
-def alignment_along_positions(d: int, cfg: DictConfig, generator: torch.Generator, device, dtype) -> dict:
+def alignment_along_positions(d: int, cfg: CovAlignmentConfig, generator: torch.Generator, device, dtype) -> dict:
     """Per draw and position: cosines of y_t with the readout and the controls, and γ̂ √d_k."""
     draws, length = cfg.draws, cfg.seq_len
     d_k = cfg.d_k or d
@@ -79,7 +79,7 @@ def error_rate_slope(sq_error: torch.Tensor, sq_target: torch.Tensor, fit_min_t:
     return loglog_fit(*log_binned_means(t[sel], ratio[sel]))[0]
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: CovAlignmentConfig, ctx: RunContext) -> None:
     generator = torch.Generator().manual_seed(cfg.seed)
     positions = geometric_grid(cfg.seq_len, cfg.positions_logged)
     base = dict(seed=cfg.seed, dtype=dtype_name(ctx.dtype))
@@ -99,7 +99,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     check_claims(ctx, cfg, summary)
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, summary: dict) -> None:
+def check_claims(ctx: RunContext, cfg: CovAlignmentConfig, summary: dict) -> None:
     where = f"mean over {cfg.draws} draws and the last {cfg.late_window} positions of T={cfg.seq_len}"
     k = cfg.claims
     for d, s in summary.items():
@@ -175,8 +175,8 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return paths + save_figure(fig, figures_dir, "cov_alignment_rate")
 
 
-def validate(cfg: DictConfig) -> None:
-    if not cfg.dims or any(int(d) < 1 for d in cfg.dims):
+def validate(cfg: CovAlignmentConfig) -> None:
+    if not cfg.dims or any(d < 1 for d in cfg.dims):
         raise UserError(f"dims={list(cfg.dims)} must be a non-empty list of positive integers")
     require_positive(cfg, "seq_len", "draws", "positions_logged", "late_window", "fit_min_t")
     if cfg.late_window > cfg.seq_len or cfg.fit_min_t * 4 > cfg.seq_len:

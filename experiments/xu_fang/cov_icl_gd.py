@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import mean_band, mean_sem, metric, new_figure, save_figure
@@ -40,6 +39,7 @@ from experiments.xu_fang.gd import (
     selectors,
     single_head_predictions,
 )
+from experiments.xu_fang.schema import CovIclGdConfig
 from experiments.xu_fang.streams import ICLTasks, icl_tasks
 
 SOURCE_SINGLE = "Xu & Fang Cor. 4.1, Fig 1a-b"
@@ -65,7 +65,7 @@ def scores_against(pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.
 
 
 @torch.no_grad()
-def single_head(cfg: DictConfig, generator: torch.Generator, device, dtype) -> dict[str, torch.Tensor]:
+def single_head(cfg: CovIclGdConfig, generator: torch.Generator, device, dtype) -> dict[str, torch.Tensor]:
     c = cfg.single
     tasks = icl_tasks(c.tasks, c.max_demos, cfg.d_u, cfg.d_w, generator, cfg.diag_low, cfg.diag_high, cfg.noise_std)
     control = shuffle_labels(tasks, generator)
@@ -85,7 +85,7 @@ def single_head(cfg: DictConfig, generator: torch.Generator, device, dtype) -> d
 
 
 @torch.no_grad()
-def residual_stack(cfg: DictConfig, generator: torch.Generator, device, dtype) -> dict[str, torch.Tensor]:
+def residual_stack(cfg: CovIclGdConfig, generator: torch.Generator, device, dtype) -> dict[str, torch.Tensor]:
     c = cfg.stack
     tasks = icl_tasks(c.tasks, c.max_demos, cfg.d_u, cfg.d_w, generator, cfg.diag_low, cfg.diag_high, cfg.noise_std)
     control = shuffle_labels(tasks, generator)
@@ -132,7 +132,7 @@ def log_curves(ctx: RunContext, head: str, result: dict, grid: np.ndarray, index
     return curves
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: CovIclGdConfig, ctx: RunContext) -> None:
     generator = torch.Generator().manual_seed(cfg.seed)
     index = dict(seed=cfg.seed, dtype=dtype_name(ctx.dtype))
     with progress(2, "cov_icl_gd") as bar:
@@ -149,7 +149,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     check_claims(ctx, cfg, single_curves, stack_curves)
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, single: dict, stack: dict) -> None:
+def check_claims(ctx: RunContext, cfg: CovIclGdConfig, single: dict, stack: dict) -> None:
     k = cfg.claims
     few = k.few_hundred
     layers = cfg.stack.layers
@@ -226,7 +226,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "fig1_cov_icl_gd")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: CovIclGdConfig) -> None:
     require_positive(cfg, "d_u", "d_w", "grid_points", "single.tasks", "single.max_demos", "stack.tasks",
                      "stack.max_demos", "stack.layers")
     if not 0 < cfg.diag_low <= cfg.diag_high:

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import metric, new_figure, save_figure
@@ -35,13 +34,14 @@ from experiments.xu_fang.closed_forms import (
     tilted_mean_gaussian,
 )
 from experiments.xu_fang.fitting import geometric_grid, loglog_fit
+from experiments.xu_fang.schema import CovRateConfig
 from experiments.xu_fang.streams import ar1_stream, random_covariance_factor
 
 SOURCE = "Xu & Fang Thm 3.6"
 
 
 @torch.no_grad()
-def rate_curve(d: int, rho: float, streams: int, cfg: DictConfig, generator: torch.Generator, device, dtype) -> dict:
+def rate_curve(d: int, rho: float, streams: int, cfg: CovRateConfig, generator: torch.Generator, device, dtype) -> dict:
     """E‖X̄_n(q) − m_x(q)‖² for n = 1..max_n, averaged over independent streams (and their queries)."""
     d_k = cfg.d_k or d
     factor = random_covariance_factor(d, generator)
@@ -64,13 +64,13 @@ def fit(mse: np.ndarray, fit_min_n: int) -> tuple[float, float]:
     return loglog_fit(grid, mse[grid - 1])
 
 
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: CovRateConfig, ctx: RunContext) -> None:
     generator = torch.Generator().manual_seed(cfg.seed)
     grid = geometric_grid(cfg.max_n, cfg.grid_points)
     base = dict(seed=cfg.seed, dtype=dtype_name(ctx.dtype))
     # (variant, d, rho, streams): correlations at the base dimension, then dimensions for i.i.d. inputs.
-    jobs = [("rho", cfg.d, float(rho), cfg.streams) for rho in cfg.rhos]
-    jobs += [("dim", int(d), 0.0, max(8, cfg.stream_dims // int(d))) for d in cfg.trace_dims]
+    jobs = [("rho", cfg.d, rho, cfg.streams) for rho in cfg.rhos]
+    jobs += [("dim", d, 0.0, max(8, cfg.stream_dims // d)) for d in cfg.trace_dims]
     results = []
     with progress(len(jobs), "cov_rate") as bar:
         for variant, d, rho, streams in jobs:
@@ -89,7 +89,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     check_claims(ctx, cfg, results)
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, results: list[dict]) -> None:
+def check_claims(ctx: RunContext, cfg: CovRateConfig, results: list[dict]) -> None:
     """One claim per statement, whatever streams a preset scans: the stream furthest from the paper's value
     is the one checked (each stream's slope and constant are in metrics.csv)."""
     k = cfg.claims
@@ -177,8 +177,8 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "cov_rate")
 
 
-def validate(cfg: DictConfig) -> None:
-    if any(not 0 <= float(r) < 1 for r in cfg.rhos):
+def validate(cfg: CovRateConfig) -> None:
+    if any(not 0 <= r < 1 for r in cfg.rhos):
         raise UserError(f"rhos={list(cfg.rhos)}: AR(1) correlations must lie in [0, 1) for a stationary, mixing stream")
     require_positive(cfg, "d", "max_n", "streams", "grid_points", "fit_min_n", "stream_dims")
     if cfg.fit_min_n * 4 > cfg.max_n:

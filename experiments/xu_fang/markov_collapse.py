@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.errors import UserError
 from experiments.core.plotting import metric, new_figure, save_figure
@@ -39,6 +38,7 @@ from experiments.xu_fang.collapse import (
     stack_forward,
 )
 from experiments.xu_fang.fitting import log_binned_means, loglog_fit
+from experiments.xu_fang.schema import MarkovCollapseConfig
 from experiments.xu_fang.streams import gaussian_stream, random_covariance_factor
 
 SOURCE = "Xu & Fang Thm 5.2"
@@ -55,7 +55,7 @@ def isotropic(sigma: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: MarkovCollapseConfig, ctx: RunContext) -> None:
     generator = torch.Generator().manual_seed(cfg.seed)
     index = dict(seed=cfg.seed, dtype=dtype_name(ctx.dtype))
     factor = random_covariance_factor(cfg.d, generator)
@@ -93,7 +93,7 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     check_claims(ctx, cfg, fits, [float(m) for m in metric(ctx.metrics(), "cov_rel_error")["value"]])
 
 
-def check_claims(ctx: RunContext, cfg: DictConfig, fits: dict, cov_errors: list[float]) -> None:
+def check_claims(ctx: RunContext, cfg: MarkovCollapseConfig, fits: dict, cov_errors: list[float]) -> None:
     k, L = cfg.claims, cfg.layers
     ctx.check("xu_fang.thm5_2.collapse_rate", SOURCE,
               f"E‖h_t^(L) − F^(L)(x_t)‖² ∝ 1/t at the last layer, F from estimated covariances "
@@ -142,7 +142,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "markov_collapse")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: MarkovCollapseConfig) -> None:
     require_positive(cfg, "d", "layers", "streams", "seq_len", "fit_min_t", "late_window", "bins_per_decade")
     if not 0 <= cfg.estimate.burn_in < cfg.estimate.seq_len - 1:
         raise UserError(f"estimate.burn_in={cfg.estimate.burn_in} must be below "

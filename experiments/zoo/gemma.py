@@ -17,7 +17,7 @@ from experiments.zoo import architectures
 from experiments.zoo.random_weights import randomize_
 from experiments.zoo.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, byte_tokenizer
 
-OFFLINE_MODELS = ("tiny-gemma3", "gemma3-1b-random", "tiny-gemma3-vision")
+RANDOM_GEMMA_MODELS = ("tiny-gemma3", "gemma3-1b-random", "tiny-gemma3-vision")
 
 
 def tiny_text_config(vocab_size: int):
@@ -68,7 +68,7 @@ def _tiny_processor(tokenizer):
 
 
 def build_offline(name: str, seed: int):
-    """(model, tokenizer, processor) of one of OFFLINE_MODELS, in float32."""
+    """(model, tokenizer, processor) of one of RANDOM_GEMMA_MODELS, in float32."""
     tok = byte_tokenizer()
     if name == "tiny-gemma3":
         return _random_causal_lm(tiny_text_config(len(tok)), seed), tok, None
@@ -80,4 +80,4 @@ def build_offline(name: str, seed: int):
         torch.manual_seed(seed)
         model = randomize_(Gemma3ForConditionalGeneration(tiny_vision_config(len(tok))), seed)
         return model, tok, _tiny_processor(tok)
-    raise UserError(f"unknown offline model {name!r}; known: {', '.join(OFFLINE_MODELS)}")
+    raise UserError(f"unknown offline model {name!r}; known: {', '.join(RANDOM_GEMMA_MODELS)}")

@@ -4,13 +4,14 @@
 - a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have a context-patching
   adapter, or a decoder layer with Llama's module names (tried with Llama's adapter), asked through
   zoo/architectures.py; once loaded, the adapter is checked against the stock layers (patching/arch/check.py);
-- `gemma-3-270m`, `qwen2.5-0.5b`, `qwen2.5-1.5b` (trained weights the package registry ships,
-  zoo/bundled_gguf.py) or `PATH.gguf`: a GGUF converted once into a cached checkpoint folder (zoo/gguf.py);
-- an offline random model: the Gemma 3 ones of zoo/gemma.py (tiny-gemma3, gemma3-1b-random,
-  tiny-gemma3-vision), every other adapter's tiny model (tiny-llama, tiny-gpt2, tiny-mixtral, tiny-gptj,
-  tiny-olmo2, tiny-qwen3, tiny-phi3, tiny-gpt-neox: 4 layers, d = 64, the stock transformers classes, each
-  config beside its adapter in patching/arch/, asked through zoo/architectures.py) and llama3.2-1b-random
-  (Llama 3.2 1B's shape) built here, all with the same byte-level tokenizer and chat template (zoo/tokenizer.py).
+- `gemma-3-270m`, `qwen2.5-0.5b`, `qwen2.5-1.5b` (TRAINED_OFFLINE_MODELS: trained weights the package
+  registry ships, zoo/bundled_gguf.py) or `PATH.gguf`: a GGUF converted once into a cached checkpoint folder
+  (zoo/gguf.py);
+- an offline random model (RANDOM_OFFLINE_MODELS): the Gemma 3 ones of zoo/gemma.py (tiny-gemma3,
+  gemma3-1b-random, tiny-gemma3-vision), every other family's tiny model (tiny-<family>, one per record of
+  patching/families.py: 4 layers, d = 64, the stock transformers classes, each config beside its adapter in
+  patching/arch/, asked through zoo/architectures.py) and llama3.2-1b-random (Llama 3.2 1B's shape) built
+  here, all with the same byte-level tokenizer and chat template (zoo/tokenizer.py).
 
 Before anything is allocated, the model's size is computed on the meta device and compared with the
 memory available: a model that cannot fit fails in one line (a registry model, from its table row, before
@@ -38,16 +39,18 @@ from experiments.zoo.quiet import quiet_transformers
 from experiments.zoo.random_weights import randomize_
 from experiments.zoo.tokenizer import byte_tokenizer
 
-GEMMA_OFFLINE = gemma.OFFLINE_MODELS
 TINY_ARCHITECTURES = architectures.tiny_models()  # one tiny random model per adapter, named by the adapter
-OFFLINE_MODELS = (*GEMMA_OFFLINE, *(n for n in TINY_ARCHITECTURES if n not in GEMMA_OFFLINE), "llama3.2-1b-random")
-REAL_OFFLINE_MODELS = tuple(BUNDLED)  # trained weights from the package registry (zoo/bundled_gguf.py)
+# random weights, built here without the hub: the tiny test models and two real shapes (for benchmarks)
+RANDOM_OFFLINE_MODELS = (*gemma.RANDOM_GEMMA_MODELS,
+                         *(n for n in TINY_ARCHITECTURES if n not in gemma.RANDOM_GEMMA_MODELS), "llama3.2-1b-random")
+TRAINED_OFFLINE_MODELS = tuple(BUNDLED)  # trained weights from the package registry (zoo/bundled_gguf.py)
 FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
             "HF_TOKEN=...), pass a local checkpoint folder as model=PATH, or use an offline model: "
-            f"model={' | '.join(REAL_OFFLINE_MODELS + OFFLINE_MODELS)} (or preset=cpu, which runs one offline)")
+            f"model={' | '.join(TRAINED_OFFLINE_MODELS + RANDOM_OFFLINE_MODELS)} "
+            "(or preset=cpu, which runs one offline)")
 FOLDER_FIX_HINT = ("fix: the folder needs what `save_pretrained` writes for the model and its tokenizer "
                    "(config.json, model.safetensors or pytorch_model.bin, tokenizer files), or use an offline "
-                   f"model: model={' | '.join(OFFLINE_MODELS)}")
+                   f"model: model={' | '.join(RANDOM_OFFLINE_MODELS)}")
 MEMORY_HEADROOM = 1.3  # the weights plus activations, caches and the patched copies of one layer
 
 
@@ -61,7 +64,7 @@ def tiny_config(name: str, vocab_size: int):
     """The transformers config of a tiny random model, from its adapter (patching/arch/): 4 layers,
     d = 64, 4 heads, untied output layer."""
     if name not in TINY_ARCHITECTURES:
-        raise UserError(f"unknown offline model {name!r}; known: {', '.join(OFFLINE_MODELS)}")
+        raise UserError(f"unknown offline model {name!r}; known: {', '.join(RANDOM_OFFLINE_MODELS)}")
     return architectures.tiny_config(name, vocab_size)
 
 
@@ -92,8 +95,8 @@ def offline_config(name: str):
 
 
 def build_offline(name: str, seed: int):
-    """(model, tokenizer, processor) of one of OFFLINE_MODELS, in float32, weights drawn from `seed`."""
-    if name in GEMMA_OFFLINE:
+    """(model, tokenizer, processor) of one of RANDOM_OFFLINE_MODELS, in float32, weights drawn from `seed`."""
+    if name in gemma.RANDOM_GEMMA_MODELS:
         return gemma.build_offline(name, seed)
     from transformers import AutoModelForCausalLM
 
@@ -197,7 +200,7 @@ def resolve_config(name: str):
         if not path.is_dir() or not (path / "config.json").is_file():
             raise UserError(f"model={name!r} is a local path without config.json; give a Hugging Face checkpoint "
                             f"folder (config.json + weights), a hub id, or an offline model "
-                            f"({', '.join(OFFLINE_MODELS)})")
+                            f"({', '.join(RANDOM_OFFLINE_MODELS)})")
         where, local_only = "local folder", True
     else:
         where, local_only = "hub id", not hub_reachable()
@@ -214,9 +217,9 @@ def resolve_config(name: str):
 def weights_kind(name: str) -> str:
     """Where a model's weights come from, in a word: trained (offline, from the package registry), random (an
     offline test model), local (a folder or GGUF here) or hub. A failed claim reads differently on each."""
-    if name in OFFLINE_MODELS:
+    if name in RANDOM_OFFLINE_MODELS:
         return "random"
-    if name in REAL_OFFLINE_MODELS:
+    if name in TRAINED_OFFLINE_MODELS:
         return "trained"
     return "local" if Path(name).expanduser().exists() else "hub"
 
@@ -238,7 +241,7 @@ def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
     """Everything that can be checked before a run folder exists: the config can be had, the
     architecture has an adapter (zoo/architectures.py), the model fits in memory. Returns the config."""
     name = str(name)
-    if name in OFFLINE_MODELS:
+    if name in RANDOM_OFFLINE_MODELS:
         config = offline_config(name)
     else:
         if name in BUNDLED:
@@ -276,7 +279,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.devi
     """The model `name` (see the module docstring) in `dtype` on `device`, in eval mode."""
     name = str(name)
     config = check_model(name, dtype, device)
-    if name in OFFLINE_MODELS:
+    if name in RANDOM_OFFLINE_MODELS:
         model, tok, processor = build_offline(name, seed)
         model = model.to(dtype)
         is_random = True

@@ -289,3 +289,73 @@ def test_following_the_experiment_recipe_gives_a_run_that_keeps_the_contract(tmp
                             text=True, check=True).stdout
     assert re.search(rf"^{NAME}\s+Xu & Fang", listed, re.M)  # the registry found it: no list to add it to
     assert not (REPO_ROOT / "experiments" / PAPER / f"{NAME}.py").exists()  # the real tree was never touched
+
+
+# -- the family recipe, followed for real --------------------------------------------------------------
+# SmolLM3's decoder layer is Llama's (some layers skip the rotary embedding, which Table 1 does not see): an
+# adapter file of a few lines, as qwen3.py is
+FAMILY_MODULE = '''\
+"""SmolLM3 (the design page's recipe, followed by a test): Llama's block."""
+
+from dataclasses import replace
+
+from experiments.patching.arch import llama
+from experiments.patching.arch.base import tiny_common
+
+
+def tiny_config(vocab_size: int):
+    """tiny-smollm3: 4 layers, d = 64, GQA 4:2, SwiGLU 128."""
+    from transformers import SmolLM3Config
+
+    return SmolLM3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=4096, **tiny_common(vocab_size))
+
+
+ADAPTER = replace(llama.ADAPTER, model_types=("smollm3",), family="SmolLM3", tiny_model="tiny-smollm3",
+                  tiny_config=tiny_config)
+'''
+FAMILY_RECORD = '''\
+    Family("smollm3", "SmolLM3", ("smollm3",), "Thm 7 + Thm 9 (outer weight)", "tiny-smollm3",
+           "Llama's (no rotary in some layers)"),
+'''
+
+
+def follow_family(row: Row, repo: Path) -> None:
+    """Do what one row of the family recipe says, for SmolLM3."""
+    path = repo / row.file.replace("<family>", "smollm3")
+    if row.file == "experiments/patching/arch/<family>.py":
+        path.write_text(FAMILY_MODULE)
+    elif row.file == "experiments/patching/families.py":
+        text = path.read_text()
+        assert "\n)\n\nDOC = " in text, "families.py has no FAMILY_TABLE = (...) closing before DOC to add a record to"
+        path.write_text(text.replace("\n)\n\nDOC = ", f"\n{FAMILY_RECORD})\n\nDOC = ", 1))
+    elif row.file == "docs/models.md":
+        command = re.search(r"`(python -m [^`]+)`", row.what).group(1).split()
+        subprocess.run([sys.executable, *command[1:]], cwd=repo, check=True, capture_output=True, env=_env(repo))
+    else:
+        raise AssertionError(f"the recipe has a step this test does not follow: {row.file} ({row.what})")
+
+
+def test_following_the_family_recipe_is_all_a_new_family_needs(tmp_path):
+    """In a copy of the tree, the recipe's files and nothing else: the family's tests (its record agrees with
+    its adapter, the docs table is current, no list of the families is left stale) pass, its tiny model
+    patches as the other families' do, and the export help names it."""
+    repo = tmp_path / "repo"
+    for part in ("cli", "experiments", "conf", "docs", "tests"):
+        shutil.copytree(REPO_ROOT / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO_ROOT / "pyproject.toml", repo)
+    for row in recipe("add a model family").rows:
+        follow_family(row, repo)
+    assert "`tiny-smollm3`" in (repo / "docs" / "models.md").read_text()
+
+    tests = ["tests/patching/test_family_table.py", "tests/patching/test_rules.py",
+             "tests/patching/test_arch.py::test_patched_generation_without_the_context_emits_the_stock_with_context_tokens"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "--basetemp", str(tmp_path / "pytest"), *tests, "-k", "not generation or smollm3"],
+                          cwd=repo, env=_env(repo), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "tokens[tiny-smollm3] PASSED" in proc.stdout, proc.stdout[-3000:]  # it joined the families' tests
+    helped = subprocess.run([sys.executable, "-m", "cli.main", "patch", "export", "--help"], cwd=repo,
+                            env={**_env(repo), "COLUMNS": "400"}, capture_output=True, text=True, check=True).stdout
+    assert "tiny-smollm3" in helped
+    assert not (REPO_ROOT / "experiments" / "patching" / "arch" / "smollm3.py").exists()  # the real tree untouched

@@ -379,7 +379,7 @@ def test_default_variants_are_those_the_block_takes():
     from experiments.goldwaser.layer_errors import chosen_variants
     from experiments.patching.arch import adapter_for
 
-    unset = OmegaConf.create({"variants": None})
+    unset = OmegaConf.create({"variants": None, "apply": "materialized"})  # the keys it reads, as the schema has them
     assert chosen_variants(unset, adapter_for("gemma3_text")) == ["naive", "closed_loop_scale", "closed_loop"]
     assert chosen_variants(unset, adapter_for("qwen2")) == ["naive", "closed_loop"]
     assert chosen_variants(OmegaConf.create({"variants": ["naive"]}), adapter_for("qwen2")) == ["naive"]

@@ -12,19 +12,21 @@ import sys
 import pytest
 import torch
 
+from experiments.patching.arch import TINY_MODELS
 from tests.conftest import REPO_ROOT
 
-PATCHED = {
-    ("tiny-gemma3", "naive"): {"mlp.gate_proj.weight", "mlp.up_proj.weight", "post_feedforward_layernorm.weight"},
-    ("tiny-gemma3", "stable"): {"mlp.gate_proj.weight", "mlp.up_proj.weight", "post_feedforward_layernorm.weight",
-                                "mlp.down_proj.weight"},
-    ("tiny-llama", "closed_loop"): {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"},
-    ("tiny-gpt2", "closed_loop"): {"mlp.c_fc.weight", "mlp.c_proj.bias"},
-    ("tiny-mixtral", "closed_loop"): {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"},
-    ("tiny-gptj", "closed_loop"): {"mlp.fc_in.weight", "mlp.fc_out.bias"},
-    ("tiny-olmo2", "closed_loop"): {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-                                    "post_feedforward_layernorm.weight"},
-}
+
+def changed_parameters(model: str, variant: str) -> set[str]:
+    """The parameters an export changes in each layer: the adapter's input matrices and its output rule's
+    parameter, and W_down before a post-MLP norm for every variant but naive (the stable update and the closed
+    loop change it too)."""
+    adapter = TINY_MODELS[model]
+    extra = [adapter.pre_norm_matrix] if adapter.pre_norm_matrix and variant != "naive" else []
+    return {*adapter.input_matrices, adapter.output_param, *extra}
+
+
+# Gemma 3's open loops beside every family's closed loop
+CASES = [("tiny-gemma3", "naive"), ("tiny-gemma3", "stable"), *((name, "closed_loop") for name in TINY_MODELS)]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -37,7 +39,7 @@ FAST = {("tiny-gemma3", "stable"), ("tiny-llama", "closed_loop")}  # the rest: @
 
 
 @pytest.mark.parametrize("model, variant", [p if p in FAST else pytest.param(*p, marks=pytest.mark.slow)
-                                            for p in PATCHED])
+                                            for p in CASES])
 def test_export_round_trip_through_stock_transformers(tmp_path, model, variant):
     from transformers import AutoModelForCausalLM
 
@@ -47,7 +49,7 @@ def test_export_round_trip_through_stock_transformers(tmp_path, model, variant):
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
     inputs = json.loads((out / "inputs.json").read_text())
     assert (out / "patched" / "model.safetensors").is_file() and (out / "patched" / "config.json").is_file()
-    kw = {"experts_implementation": "eager"} if model == "tiny-mixtral" else {}
+    kw = TINY_MODELS[model].load_kwargs  # what the adapter asks of the loader (Mixtral: experts run eagerly)
     base = AutoModelForCausalLM.from_pretrained(out / "base", **kw).eval()
     patched = AutoModelForCausalLM.from_pretrained(out / "patched", **kw).eval()
     ids = torch.tensor([[*inputs["context_ids"], inputs["query_id"]]])
@@ -61,7 +63,7 @@ def test_export_round_trip_through_stock_transformers(tmp_path, model, variant):
     assert (got - want).abs().max() < level * want.abs().max()
     assert (control - want).abs().max() > 0.1  # without the patch the token alone does not do it
     changed = [k for k, v in patched.state_dict().items() if not torch.equal(v, base.state_dict()[k])]
-    assert {k.split(".", 3)[-1] for k in changed} == PATCHED[(model, variant)]
+    assert {k.split(".", 3)[-1] for k in changed} == changed_parameters(model, variant)
 
 
 def _export_refusal(*args: str) -> str:

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from experiments.core.errors import UserError
-from experiments.patching.arch import adapter_for
+from experiments.patching.arch import TINY_MODELS, adapter_for
 from experiments.patching.compare import logit_comparison
+from experiments.patching.families import FAMILY_TABLE, post_norm_names
 from experiments.patching.generate import compare_generation, patched_generate
 from experiments.patching.patcher import Patcher
 from experiments.patching.variants import VARIANTS, check_variant, export_default
@@ -168,14 +169,15 @@ def test_patched_generation_without_the_context_emits_the_stock_with_context_tok
     assert alone[0, -n:].tolist() != patched
 
 
+def closed_loop_parameters(adapter) -> set[str]:
+    """What the closed loop changes in a layer: every input matrix, the output rule's parameter and, before a
+    post-MLP norm, W_down (so that Thm 10 divides by ±1)."""
+    return {*adapter.input_matrices, adapter.output_param, *filter(None, [adapter.pre_norm_matrix])}
+
+
 def test_patched_tensors_are_the_adapters_parameters_in_the_model_dtype():
-    expected = {"tiny-llama": {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"},
-                "tiny-gpt2": {"mlp.c_fc.weight", "mlp.c_proj.bias"},
-                "tiny-gptj": {"mlp.fc_in.weight", "mlp.fc_out.bias"},
-                "tiny-mixtral": {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"},
-                "tiny-olmo2": {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-                               "post_feedforward_layernorm.weight"}}
-    for name, names in expected.items():
+    for name in TINY_ARCHITECTURES:
+        names = closed_loop_parameters(TINY_MODELS[name])
         b = _bundle(name, torch.bfloat16)
         patcher = Patcher(b.model, "closed_loop")
         ids = encode_prompt(b, PROMPT)["input_ids"]
@@ -192,20 +194,27 @@ def test_patched_tensors_are_the_adapters_parameters_in_the_model_dtype():
 def test_unsupported_architecture_and_inapplicable_variant_are_one_line():
     with pytest.raises(UserError, match="model_type 'bert' has no context-patching adapter; supported: .*gemma3.*gpt2"):
         adapter_for("bert")
-    only = r"variant=stable \(App. B\) needs a post-MLP norm, which Llama does not have \(only Gemma 3, OLMo 2\)"
+    have = ", ".join(sorted(post_norm_names()))  # Gemma 3, OLMo 2
+    only = rf"variant=stable \(App. B\) needs a post-MLP norm, which Llama does not have \(only {have}\)"
     with pytest.raises(UserError, match=only):
         check_variant(adapter_for("llama"), "stable")
     with pytest.raises(UserError, match="variant=closed_loop_scale .* GPT-2 has no post-MLP norm"):
         check_variant(adapter_for("gpt2"), "closed_loop_scale")
     with pytest.raises(UserError, match="variant='fast' is not one of naive, stable"):
         check_variant(adapter_for("llama"), "fast")
-    for family in ("gemma3_text", "olmo2"):  # App. B's variants are offered by the post-norm blocks
-        for variant in ("stable", "conditioned", "closed_loop_scale"):
-            check_variant(adapter_for(family), variant)
+    for family in FAMILY_TABLE:  # App. B's variants are offered by the post-norm blocks
+        if family.post_norm:
+            for variant in ("stable", "conditioned", "closed_loop_scale"):
+                check_variant(adapter_for(family.model_types[0]), variant)
 
 
 def test_export_defaults_to_an_exact_open_loop_and_to_the_closed_loop_only_without_one():
-    chosen = {t: export_default(adapter_for(t)) for t in ("gemma3_text", "olmo2", "llama", "mixtral", "gptj", "gpt2")}
-    assert chosen == {"gemma3_text": "conditioned", "olmo2": "conditioned", "llama": "naive", "mixtral": "naive",
-                      "gptj": "naive", "gpt2": "closed_loop"}
-    assert [VARIANTS[v].evidence for v in chosen.values()] == [True] * 5 + [False]
+    """Conditioned before a post-MLP norm, naive elsewhere; the closed loop only under learned absolute
+    positions (GPT-2), where the query alone is at another position and no open loop is exact."""
+    for family in FAMILY_TABLE:
+        adapter = adapter_for(family.model_types[0])
+        want = ("closed_loop" if adapter.absolute_positions else "conditioned" if family.post_norm else "naive")
+        assert export_default(adapter) == want, family.name
+        assert VARIANTS[want].evidence == (want != "closed_loop")
+    assert {export_default(adapter_for(f.model_types[0])) for f in FAMILY_TABLE} == {"conditioned", "naive",
+                                                                                      "closed_loop"}

@@ -4,17 +4,41 @@ names a rule the registry has and carries a tiny model of its own model_type; ev
 from __future__ import annotations
 
 from experiments.patching.arch import ADAPTERS, FAMILIES, TINY_MODELS
-from experiments.patching.kinds import MOE_BIAS
-from experiments.patching.rules import RULES, OutputRule, rule_for
+from experiments.patching.rules import MOE_BIAS, RULES, OutputRule, rule_for
 
 
-def test_every_adapter_names_a_registered_rule_and_gets_its_class():
+def test_every_adapter_holds_a_registered_rule_object():
     for adapter in FAMILIES:
-        assert adapter.output_rule in RULES, adapter.family
-        assert adapter.rule is RULES[adapter.output_rule]
+        assert adapter.output_rule is RULES[adapter.output_rule.key], adapter.family
+        assert adapter.rule is adapter.output_rule  # no branch scale in an adapter file
     # no rule without a family using it: by an adapter file, or gpt-oss's experts' biases, found from its module
     # tree (tests/patching/test_structure.py patches it)
-    assert {a.output_rule for a in ADAPTERS.values()} | {MOE_BIAS} == set(RULES)
+    assert {a.output_rule for a in ADAPTERS.values()} | {MOE_BIAS} == set(RULES.values())
+
+
+def test_no_rule_is_told_apart_by_its_name_in_the_engine():
+    """The engine asks a rule what it is (post_norm, routed_experts, takes_ridge, exact_at_k) and never compares
+    its name: a new rule with the same declarations goes through every variant and fit unchanged."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "experiments" / "patching"
+    names = "|".join(re.escape(key) for key in RULES) + "|" + "|".join(k.upper() for k in RULES)
+    compare = re.compile(rf"(==|!=|\bin\b|\bnot in\b)\s*\(?\s*[\"']?({names})\b|\b({names})[\"']?\s*(==|!=)|"
+                         r"output_rule\s*(==|!=|in\b|not in\b)|\.key\s*(==|!=|in\b)")
+    loops = re.compile(r"\bfor\s+[\w, ]+\s+in\b")  # iterating over rules is not telling them apart
+    found = [f"{p.relative_to(root)}:{i}: {line.strip()}" for p in sorted(root.rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if compare.search(loops.sub("", line))]
+    assert not found, "\n".join(found)
+
+
+def test_a_rule_is_equal_to_itself_and_prints_its_name():
+    from experiments.patching.rules import OUTER_WEIGHT, SCALE
+    from experiments.patching.rules.outer_weight import OuterWeight
+
+    assert OuterWeight() == OUTER_WEIGHT and hash(OuterWeight()) == hash(OUTER_WEIGHT) and OUTER_WEIGHT != SCALE
+    assert str(SCALE) == "scale" and f"{OUTER_WEIGHT}" == "outer_weight"
+    assert SCALE.post_norm and not OUTER_WEIGHT.post_norm and OUTER_WEIGHT.takes_ridge
 
 
 def test_every_rule_overrides_both_steps_and_says_its_theorem():

@@ -1,8 +1,8 @@
 """Blocks described by their module tree (patching/arch/structure.py), chosen by the float64 check: the
 families with adapter files read the same from their trees; newer families with no file (OLMo 3, Qwen3-MoE,
-Qwen3-Next's gated linear attention and shared expert, LFM2's short convolutions, Gemma 4, gpt-oss's experts
-with biases) patch exactly in float64 through the CLI as checkpoint folders; what no form fits is one line;
-`icl-exp models` lists them."""
+Qwen3-Next's gated linear attention and shared expert, LFM2's short convolutions, Gemma 4 with and without
+its experts, gpt-oss's experts with biases) patch exactly in float64 through the CLI as checkpoint folders;
+what no form fits is one line; `icl-exp models` lists them."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # what an adapter says about its block; `decoder` is compared by the module it returns
 FIELDS = ("layers_attr", "mlp", "input_matrices", "output_rule", "output_param", "residual_at", "attention",
-          "captures", "pre_norm_matrix", "scale_offset", "absolute_positions", "load_kwargs")
+          "captures", "pre_norm_matrix", "scale_offset", "absolute_positions", "load_kwargs", "input_at")
 
 
 def tiny_model(config, load_kwargs: dict | None = None):
@@ -49,7 +49,8 @@ def test_a_family_with_an_adapter_file_reads_the_same_from_its_module_tree(adapt
 
 
 NEW = {"olmo3": "Thm 10", "qwen3_moe": "Thm 11", "qwen3_next": "Thm 11", "lfm2": "Thm 9", "gemma4_text": "Thm 10",
-       "gemma4_text_per_layer": "Thm 10", "gpt_oss": "Thm 11 with Thm 8"}
+       "gemma4_text_per_layer": "Thm 10", "gemma4_text_moe": "Thm 10", "gpt_oss": "Thm 11 with Thm 8"}
+SIZES = {"gemma4_text_per_layer": "gemma4_text", "gemma4_text_moe": "gemma4_text"}  # a size -> its model_type
 
 
 def as_trained(model):
@@ -87,7 +88,9 @@ def test_newer_families_without_adapter_files_patch_exactly_in_float64_through_t
     query alone gives the with-context logits to float64 rounding, also where the token mixer is a gated
     linear attention (Qwen3-Next) or a short convolution (LFM2): the patch never reads the mixer; and where the
     layer goes on after v + g with the token's own data (Gemma 4's per-layer inputs and layer scalar): the
-    query alone brings the same data, and the patch makes v + g what it was after the context."""
+    query alone brings the same data, and the patch makes v + g what it was after the context; and where
+    a router and experts beside the MLP read their own norms of v (Gemma 4's MoE sizes): each matrix's
+    input update reads its own input."""
     names = list(NEW)
     sweep = tmp_path / "sweep"
     r = icl("run", "patch_match", "-m", "preset=smoke", "dtype=float64", "variant=naive", "max_new_tokens=3",
@@ -99,7 +102,7 @@ def test_newer_families_without_adapter_files_patch_exactly_in_float64_through_t
         assert len(value("top1_match")) >= 3 and value("top1_match").all(), name
         assert value("logit_linf_rel").max() < 1e-9, (name, value("logit_linf_rel").max())  # float64: exact
         assert value("control_logit_linf").median() > 0.1, name  # the token alone, unpatched, is far off
-        assert m["family"].iloc[0] == f"structural ({name.removesuffix('_per_layer')})"
+        assert m["family"].iloc[0] == f"structural ({SIZES.get(name, name)})"
 
 
 def test_the_chosen_form_is_the_one_table_1_row_the_block_needs():
@@ -116,16 +119,27 @@ def test_the_chosen_form_is_the_one_table_1_row_the_block_needs():
 
 
 def test_a_block_whose_tree_fits_no_form_is_refused_in_one_line_before_loading():
-    """Gemma 4's MoE sizes run experts beside the dense MLP, reading their own norm of v (and the router its
-    own): the engine's input update reads one z, the MLP's; the tree says so before anything is loaded."""
+    """Falcon names its attention `self_attention`, which no form reads as the mixer: a weighted part beside
+    the MLP that is not an MoE's router and experts is unknown, and the tree says so before anything loads."""
     from experiments.zoo import architectures
 
-    config = tiny.tiny_config("gemma4_text_moe", 300)
-    with pytest.raises(UserError, match="model_type 'gemma4_text' has no context-patching adapter and its module "
+    config = tiny.tiny_config("falcon", 300)
+    with pytest.raises(UserError, match="model_type 'falcon' has no context-patching adapter and its module "
                                         "tree fits no form of Table 1: its decoder layer has weighted parts that "
-                                        r"are neither its mixer, a norm nor its MLP \(router, experts\)") as err:
+                                        r"are neither its mixer, a norm nor its MLP \(self_attention\)") as err:
         architectures.require(config)
-    assert "\n" not in str(err.value) and "gemma4_text" not in STRUCTURAL
+    assert "\n" not in str(err.value) and "falcon" not in STRUCTURAL
+
+
+def test_layers_with_different_mlps_are_refused_in_one_line_saying_why():
+    """DeepSeek-V3's first layers are dense, the rest sparse: each needs its own output rule, and the engine
+    holds one adapter per model; the line says so, before anything is loaded."""
+    from experiments.zoo import architectures
+
+    with pytest.raises(UserError, match=r"its decoder layers have different MLPs \(DeepseekV3MLP .*DeepseekV3MoE .*"
+                                        "the engine patches every layer through one adapter") as err:
+        architectures.require(tiny.tiny_config("deepseek_v3", 300))
+    assert "\n" not in str(err.value)
 
 
 def test_each_active_experts_bias_moves_the_mixture_by_r():

@@ -75,10 +75,10 @@ def _positive(cfg: DictConfig, *keys: str) -> None:
 def load_tokenizer(name: str):
     """The model's tokenizer alone (no weights): what the template check needs before any model is loaded."""
     from experiments.core.errors import first_line
-    from experiments.zoo.loading import OFFLINE_MODELS, hub_reachable, local_checkpoint
+    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS, hub_reachable, local_checkpoint
     from experiments.zoo.tokenizer import byte_tokenizer
 
-    if name in OFFLINE_MODELS:
+    if name in RANDOM_OFFLINE_MODELS:
         return byte_tokenizer()
     from transformers import AutoTokenizer
 
@@ -114,6 +114,7 @@ def validate(cfg: DictConfig) -> None:
     from experiments.goldwaser.system_compile.budgets import check_budgets
     from experiments.goldwaser.system_compile.inputs import check_not_default, check_template, encode, split
     from experiments.patching.arch import adapter_for
+    from experiments.patching.fixed_patch import check_fixed_patch
     from experiments.zoo.loading import check_model
 
     if not str(cfg.model).strip():
@@ -146,7 +147,9 @@ def validate(cfg: DictConfig) -> None:
                          resolve_device(str(cfg.get("device", "auto"))))
     if config.model_type == "gemma3":
         raise UserError(f"the compiled checkpoint is text-only (e.g. Gemma3ForCausalLM); {cfg.model} is multimodal")
-    adapter_for(config.model_type)  # one line naming the supported ones
+    adapter = adapter_for(config.model_type)  # one line naming the supported ones
+    if "analytic" in methods:
+        check_fixed_patch(adapter)
     if "bake" in methods:
         check_lora_targets(config, list(cfg.lora_targets), str(cfg.model))
     tok = load_tokenizer(str(cfg.model))

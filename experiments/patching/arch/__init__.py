@@ -2,9 +2,10 @@
 
 Adding an architecture: its adapter file here (a `BlockAdapter` naming its Table 1 rule and carrying its
 tiny test config; for a block Llama's adapter already describes, `dataclasses.replace` of it, as qwen3.py)
-and its line in FAMILIES. The offline tiny model, the parametrized tests over TINY_MODELS and
-`model_type` lookup follow from that line. Every adapter is checked against the stock decoder layer when a
-model is loaded (check.py): a block it misdescribes is refused in one line saying what differed.
+and its record in patching/families.py's FAMILY_TABLE, which FAMILIES is read from. The offline tiny model,
+the parametrized tests over TINY_MODELS, `model_type` lookup, the CLI's help and the docs table follow.
+Every adapter is checked against the stock decoder layer when a model is loaded (check.py): a block it
+misdescribes is refused in one line saying what differed.
 
 A `model_type` with no adapter file is read from its module tree (structure.py): the Table 1 forms that fit
 it are put on trial (STRUCTURAL), and the check on the loaded model keeps the first that holds, or refuses
@@ -12,21 +13,14 @@ the family in one line (docs/models.md says why that is safe)."""
 
 from __future__ import annotations
 
-from experiments.core.errors import UserError
-from experiments.patching.arch import gemma3, gpt2, gpt_neox, gptj, llama, mixtral, olmo2, phi3, qwen3
-from experiments.patching.arch.base import BlockAdapter
+from importlib import import_module
 
-FAMILIES: tuple[BlockAdapter, ...] = (
-    gemma3.ADAPTER,
-    llama.ADAPTER,
-    gpt2.ADAPTER,
-    mixtral.ADAPTER,
-    gptj.ADAPTER,
-    olmo2.ADAPTER,
-    qwen3.ADAPTER,
-    phi3.ADAPTER,
-    gpt_neox.ADAPTER,
-)
+from experiments.core.errors import UserError
+from experiments.patching.arch.base import BlockAdapter
+from experiments.patching.families import FAMILY_TABLE
+
+# each record's adapter file, in the table's order (tests/patching/test_rules.py: the records agree with them)
+FAMILIES: tuple[BlockAdapter, ...] = tuple(import_module(f"{__name__}.{f.module}").ADAPTER for f in FAMILY_TABLE)
 ADAPTERS: dict[str, BlockAdapter] = {t: adapter for adapter in FAMILIES for t in adapter.model_types}
 # model_type -> the forms its module tree allows (structure.py), most likely first, for a family without an
 # adapter file; on trial until the loaded model's check picks one (then the list holds that one alone)

@@ -4,7 +4,9 @@ The shared engine (`experiments/patching/patcher.py`) needs, per block:
 - where the layers are (`decoder`, `layers_attr`) and which module is the MLP (its input is z);
 - where the residual before the MLP, v, can be read (`residual_at`: a module whose input is v), or, for a
   parallel block, the attention module whose output A is added to x (v = x + A);
-- the input matrices that read z (each gets the rank-1 input update, Thms 6–7) and their layout;
+- the input matrices that read z (each gets the rank-1 input update, Thms 6–7) and their layout; a matrix
+  that reads its own function of v instead of the MLP's input (per-matrix inputs, `input_at`) gets its
+  update from where it reads;
 - the output rule (Thm 8–11) with the parameter it changes and what it reads (`captures`);
 - for a post-norm block, the matrix before the norm and how the norm stores its scale (App. B's variants
   and the closed loop's conditioning follow from these: `patching/variants.py`);
@@ -13,8 +15,9 @@ The shared engine (`experiments/patching/patcher.py`) needs, per block:
 - its tiny random test model: an offline name and the transformers config it is built from, beside the
   block it exercises (as transformers keeps each test model's config with its architecture).
 Everything else is shared. An adapter is a few lines of data; see gemma3.py, llama.py, gpt2.py,
-mixtral.py, gptj.py, olmo2.py. The output rules themselves are classes in `patching/rules/`, keyed by
-`output_rule`: the engine asks the adapter for its `rule` and never branches on the name.
+mixtral.py, gptj.py, olmo2.py. The output rule is an object of `patching/rules/` (`output_rule`), which
+declares what the variants and the fit ask of it: the engine asks the adapter for its `rule` and never
+branches on a rule's name.
 """
 
 from __future__ import annotations
@@ -25,18 +28,9 @@ from typing import Any
 
 from torch import nn
 
-# the layouts and rule names, re-exported: an adapter imports them from here
-from experiments.patching.kinds import (  # noqa: F401
-    CONV1D,
-    EXPERTS,
-    EXPERTS_IN_OUT,
-    LINEAR,
-    MOE,
-    MOE_BIAS,
-    OUTER_BIAS,
-    OUTER_WEIGHT,
-    SCALE,
-)
+# the layouts, re-exported: an adapter imports them from here (and its rule from patching/rules)
+from experiments.patching.kinds import CONV1D, EXPERTS, EXPERTS_IN_OUT, LINEAR  # noqa: F401
+from experiments.patching.rules import OutputRule
 
 
 @dataclass(frozen=True)
@@ -46,7 +40,7 @@ class BlockAdapter:
     decoder: Callable[[nn.Module], nn.Module]  # the model -> the module holding the decoder layers
     layers_attr: str  # attribute of the decoder holding the layers
     input_matrices: dict[str, str]  # parameter (relative to a layer) -> layout, every matrix reading z
-    output_rule: str  # OUTER_BIAS | OUTER_WEIGHT | SCALE | MOE
+    output_rule: OutputRule  # Table 1's row: OUTER_BIAS | OUTER_WEIGHT | SCALE | MOE | MOE_BIAS (patching/rules)
     output_param: str  # the parameter the output rule changes (relative to a layer)
     residual_at: str | None = None  # a module whose input is v (None: parallel block, see `attention`)
     attention: str | None = None  # parallel block: the attention module, v = x + its output
@@ -73,6 +67,26 @@ class BlockAdapter:
     # the patch makes u = u_C, so T = T_C; only the check reads these (where to compare v + branch)
     sum_at: str | None = None
     output_scale: str | None = None
+    # per-matrix inputs: an input matrix that does not read the MLP's input z but its own function of v (Gemma
+    # 4's router and experts beside its dense MLP, each behind a norm of v of its own) -> the module whose input
+    # it reads. Thm 7 needs of a matrix only that its input be a function of v alone: each gets the update from
+    # its own input, z_i -> z_i,C. Matrices not named here read z
+    input_at: dict[str, str] = field(default_factory=dict)
+
+    def input_key(self, name: str) -> str:
+        """The capture that holds what the input matrix `name` reads: "z", or "z@MODULE" (`input_at`)."""
+        return f"z@{self.input_at[name]}" if name in self.input_at else "z"
+
+    @property
+    def input_modules(self) -> tuple[str, ...]:
+        """The modules beside the MLP whose input an input matrix reads (`input_at`), each once."""
+        return tuple(dict.fromkeys(self.input_at.values()))
+
+    @property
+    def input_owners(self) -> tuple[str, ...]:
+        """The modules that hold the matrices reading their own inputs (`input_at`), each once: what the check
+        compares after the input update."""
+        return tuple(dict.fromkeys(name.rsplit(".", 1)[0] for name in self.input_at))
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return getattr(self.decoder(model), self.layers_attr)
@@ -82,15 +96,14 @@ class BlockAdapter:
         return layer.get_submodule(self.output_param.rsplit(".", 1)[0])
 
     @property
-    def rule(self):
-        """The Table 1 output rule this block uses (`patching/rules/`), an `OutputRule`."""
-        from experiments.patching.rules import rule_for  # the rules import this module's constants
-
+    def rule(self) -> OutputRule:
+        """The output rule the engine runs: `output_rule`, wrapped so that it moves the branch by r / α where
+        the block scales its branch by α (`branch_scale`)."""
         if self.branch_scale != 1.0:
             from experiments.patching.rules.scaled_branch import ScaledBranch
 
-            return ScaledBranch(rule_for(self.output_rule), self.branch_scale)
-        return rule_for(self.output_rule)
+            return ScaledBranch(self.output_rule, self.branch_scale)
+        return self.output_rule
 
 
 def tiny_common(vocab_size: int) -> dict:

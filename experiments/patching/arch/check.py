@@ -9,7 +9,9 @@ of the block is tested where Algorithm 1 relies on it:
    changes, or of the MLP when that module is inside it: a shared expert may run beside the experts): the
    residual is where the adapter reads it, and nothing scales or normalizes the branch after;
 2. input update (Thms 6–7): with the adapter's input matrices updated from z to z_C, the MLP's output on H
-   is its output on H_C: every matrix that reads z is named, and z is what the MLP reads;
+   is its output on H_C: every matrix that reads z is named, and z is what the MLP reads; so is the output
+   of each module beside the MLP holding a matrix that reads its own input (per-matrix inputs: Gemma 4's
+   router, experts): that input is where the adapter reads it;
 3. output rule (Thms 8–12): with the rule's update for r = v_C − v added, the layer's output on H is its
    output on H_C.
 The first step that fails is the one line the user reads (what differed, by how much). In float64 a right
@@ -78,7 +80,9 @@ def describe(adapter: BlockAdapter) -> str:
     scaled = "" if adapter.branch_scale == 1.0 else f" (the branch scaled by {adapter.branch_scale:g}: r / it)"
     after = ", ".join(x for x in (adapter.sum_at, adapter.output_scale) if x)
     scaled += f"; after v + branch, token data only ({after})" if after else ""
-    return (f"{adapter.theorem}; {at}; z read by {', '.join(adapter.input_matrices)}; "
+    own = ", ".join(f"{name} its input at {path}" for name, path in adapter.input_at.items())
+    reads = [name for name in adapter.input_matrices if name not in adapter.input_at]
+    return (f"{adapter.theorem}; {at}; z read by {', '.join(reads)}{'; ' + own if own else ''}; "
             f"r absorbed by {adapter.output_param}{scaled}")
 
 
@@ -147,6 +151,8 @@ def _run(adapter: BlockAdapter, layer: nn.Module, args: tuple, kwargs: dict, hid
     keep_out = lambda name: lambda _m, _a, out: values.__setitem__(name, last_position(first_output(out)))  # noqa: E731
     handles.append(layer.get_submodule(adapter.mlp).register_forward_hook(keep_out("mlp_out")))
     handles.append(adapter.owner(layer).register_forward_hook(keep_out("branch")))
+    for path in adapter.input_owners:  # what a module beside the MLP makes of its own input (step 2)
+        handles.append(layer.get_submodule(path).register_forward_hook(keep_out(f"out@{path}")))
     if adapter.sum_at:  # u = v + branch, read where the layer goes on with the token's own data
         keep_in = lambda _m, args: values.__setitem__("sum", last_position(args[0]))  # noqa: E731
         handles.append(layer.get_submodule(adapter.sum_at).register_forward_pre_hook(keep_in))
@@ -204,13 +210,20 @@ def _compare(layer: nn.Module, adapter: BlockAdapter, args: tuple, kwargs: dict,
                 f"{err:.1e}): the residual is elsewhere, or the branch is scaled or normalized after it")
     params: dict[str, Tensor] = {}
     for name, layout in adapter.input_matrices.items():
-        W = layer.get_parameter(name)
+        W, key = layer.get_parameter(name), adapter.input_key(name)
         params[name] = torch.empty_like(W)
-        input_update_rounded(W, layout, with_c["z"], alone["z"], params[name], torch.float64)
-    err = _rel(_run(adapter, layer, args, kwargs, h, params)["mlp_out"], with_c["mlp_out"])
+        input_update_rounded(W, layout, with_c[key], alone[key], params[name], torch.float64)
+    patched = _run(adapter, layer, args, kwargs, h, params)
+    err = _rel(patched["mlp_out"], with_c["mlp_out"])
     if err > TOLERANCE:
         return (f"with {', '.join(adapter.input_matrices)} updated to read z_C (Thm 7), the MLP's output still "
                 f"differs by {err:.1e} (relative): another matrix reads z, or the MLP reads something else")
+    for path in adapter.input_owners:
+        err = _rel(patched[f"out@{path}"], with_c[f"out@{path}"])
+        if err > TOLERANCE:
+            return (f"with {', '.join(adapter.input_matrices)} updated to read their inputs' with-context values "
+                    f"(Thm 7), the output of {path} still differs by {err:.1e} (relative): another matrix reads "
+                    f"its input, or its input is read elsewhere")
     P = layer.get_parameter(adapter.output_param)
     params[adapter.output_param] = torch.empty_like(P)
     r = residual(with_c) - residual(alone)
@@ -233,13 +246,14 @@ def _sum(layer: nn.Module, adapter: BlockAdapter, values: dict) -> Tensor:
 
 
 def _expected(adapter: BlockAdapter) -> tuple[str, ...]:
-    return ("z", "v" if adapter.residual_at else "attn", *adapter.captures)
+    return ("z", "v" if adapter.residual_at else "attn", *adapter.captures,
+            *(f"z@{path}" for path in adapter.input_modules), *(f"out@{path}" for path in adapter.input_owners))
 
 
 def _missing(layer: nn.Module, adapter: BlockAdapter) -> str | None:
     """The first module or parameter the adapter names that the layer does not have."""
     modules = [adapter.mlp, adapter.residual_at or adapter.attention, *(p for p, _ in adapter.captures.values()),
-               *([adapter.sum_at] if adapter.sum_at else [])]
+               *([adapter.sum_at] if adapter.sum_at else []), *adapter.input_modules]
     for path in modules:
         try:
             layer.get_submodule(path)

@@ -9,7 +9,8 @@ the post-MLP norm it needs (`pre_norm_matrix`), as does the conditioned variant,
 patches W_down, so that Thm 10 divides by ±1 instead of by MLP outputs near 0 (closed_loop.py).
 """
 
-from experiments.patching.arch.base import LINEAR, SCALE, BlockAdapter
+from experiments.patching.arch.base import LINEAR, BlockAdapter
+from experiments.patching.rules import SCALE
 
 
 def tiny_config(vocab_size: int):

@@ -6,7 +6,8 @@ Conv1D stores its weight as (in, out) and computes z W + b, so c_fc's effective 
 update is applied transposed (layout CONV1D). c_proj's bias absorbs r (Thm 8).
 """
 
-from experiments.patching.arch.base import CONV1D, OUTER_BIAS, BlockAdapter, tiny_common
+from experiments.patching.arch.base import CONV1D, BlockAdapter, tiny_common
+from experiments.patching.rules import OUTER_BIAS
 
 
 def tiny_config(vocab_size: int):

@@ -9,7 +9,8 @@ with `use_parallel_residual=False` (z = LN_2(x + a), T = x + a + MLP(z)): the in
 work. Both are checked against the stock layer when loaded (check.py; tests/patching/test_families.py).
 """
 
-from experiments.patching.arch.base import LINEAR, OUTER_BIAS, BlockAdapter, tiny_common
+from experiments.patching.arch.base import LINEAR, BlockAdapter, tiny_common
+from experiments.patching.rules import OUTER_BIAS
 
 
 def tiny_config(vocab_size: int):

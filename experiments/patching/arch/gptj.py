@@ -7,7 +7,8 @@ z = z_C and the input update is zero; the whole attention change goes into fc_ou
 When the patched pass's own input differs from the target (closed loop) fc_in gets the input update.
 """
 
-from experiments.patching.arch.base import LINEAR, OUTER_BIAS, BlockAdapter, tiny_common
+from experiments.patching.arch.base import LINEAR, BlockAdapter, tiny_common
+from experiments.patching.rules import OUTER_BIAS
 
 
 def tiny_config(vocab_size: int):

@@ -6,7 +6,8 @@ Input matrices W_gate, W_up (Thm 7); W_down absorbs r by a rank-1 update (Thm 9)
 App. B's stable update does not apply.
 """
 
-from experiments.patching.arch.base import LINEAR, OUTER_WEIGHT, BlockAdapter, tiny_common
+from experiments.patching.arch.base import LINEAR, BlockAdapter, tiny_common
+from experiments.patching.rules import OUTER_WEIGHT
 
 
 def tiny_config(vocab_size: int):

@@ -9,7 +9,8 @@ and the same experts fire with the same gates (Thm 11). Every expert's gate/up (
 r / S by a rank-1 update (S = Σ g_j = 1 after Mixtral's renormalization).
 """
 
-from experiments.patching.arch.base import EXPERTS, LINEAR, MOE, BlockAdapter, tiny_common
+from experiments.patching.arch.base import EXPERTS, LINEAR, BlockAdapter, tiny_common
+from experiments.patching.rules import MOE
 
 
 def tiny_config(vocab_size: int):

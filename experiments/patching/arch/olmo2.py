@@ -10,7 +10,8 @@ The closed loop patches W_down too (`pre_norm_matrix`), so that Thm 10 divides b
 App. B's open-loop variants (stable, conditioned: app_b.py) apply as on Gemma 3, with m = weight.
 """
 
-from experiments.patching.arch.base import LINEAR, SCALE, BlockAdapter, tiny_common
+from experiments.patching.arch.base import LINEAR, BlockAdapter, tiny_common
+from experiments.patching.rules import SCALE
 
 
 def tiny_config(vocab_size: int):

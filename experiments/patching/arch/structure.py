@@ -11,6 +11,10 @@ weight is read or allocated):
 - the matrices reading z: every matrix of the MLP with d inputs except the outer ones (down_proj, w2,
   c_proj, ...): gate and up, split or fused, an MoE's router and stacked experts, a shared expert and its
   gate (all read the same z, so all get the input update, Thm 7);
+- a sparse MoE beside the MLP (Gemma 4's MoE sizes: a router and stacked experts that are children of the
+  layer, not of the MLP): each of their matrices reads its own function of v (its module's input), so each
+  gets the input update from that input (per-matrix inputs, `BlockAdapter.input_at`); any other weighted
+  part beside the MLP is refused;
 - the output rule: a post-MLP norm's scale (Thm 10, its offset probed on a copy of the norm), else the
   outer matrix's bias (Thm 8) or the outer matrix itself (Thm 9), or each active expert's outer matrix
   (Thm 11);
@@ -24,23 +28,13 @@ form's failure is the one line the user reads. An adapter file always wins over 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from experiments.patching.arch.base import (
-    CONV1D,
-    EXPERTS,
-    EXPERTS_IN_OUT,
-    LINEAR,
-    MOE,
-    MOE_BIAS,
-    OUTER_BIAS,
-    OUTER_WEIGHT,
-    SCALE,
-    BlockAdapter,
-)
+from experiments.patching.arch.base import CONV1D, EXPERTS, EXPERTS_IN_OUT, LINEAR, BlockAdapter
+from experiments.patching.rules import MOE, MOE_BIAS, OUTER_BIAS, OUTER_WEIGHT, SCALE
 
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block")
 MIXER_NAMES = ("self_attn", "attention", "attn", "linear_attn", "conv", "mixer", "mamba", "token_mixer")
@@ -82,6 +76,7 @@ class Reading:
     branch_scale: float = 1.0  # the config's multiplier of each branch before the residual (Granite's)
     sum_at: str | None = None  # the first part after v + branch (per-layer inputs)
     output_scale: str | None = None  # a buffer scaling the layer's output
+    input_at: dict[str, str] = field(default_factory=dict)  # a matrix beside the MLP -> the module it reads at
 
 
 def candidates(config) -> list[BlockAdapter]:
@@ -122,8 +117,11 @@ def read_tree(model: nn.Module, config) -> Reading:
     if len(readings) > 1:
         kinds = sorted({f"{type(layer.get_submodule(r.mlp)).__name__} reading z by {', '.join(r.inputs)}"
                         for r, layer in distinct.values()})
-        raise NoForm(f"its decoder layers have different MLPs ({'; '.join(kinds)}): one adapter cannot describe "
-                     "them all")
+        # the theorem is per layer; the engine (patcher, check, variants) holds one adapter per model
+        raise NoForm(f"its decoder layers have different MLPs ({'; '.join(kinds)}): the theorem holds layer by "
+                     "layer, but the engine patches every layer through one adapter (one set of input matrices, "
+                     "one output rule), and a dense layer's rule (its W_down) is not a sparse layer's (each "
+                     "active expert's); it has no per-layer adapters")
     reading = readings[0]
     decoder = model.get_submodule(decoder_path)
     absolute = any(isinstance(getattr(decoder, n, None), nn.Embedding) for n in POSITION_EMBEDDINGS)
@@ -176,19 +174,42 @@ def _read_layer(layer: nn.Module, decoder_path: str, layers_attr: str, d: int) -
                      "block has none)")
     after = [n for n in AFTER_THE_SUM if n in children]
     extra = [n for n in others if n != mlp and n not in after]
-    if extra:
+    beside = _moe_beside(children, extra, d)
+    if extra and beside is None:
         raise NoForm(f"its decoder layer has weighted parts that are neither its mixer, a norm nor its MLP "
                      f"({', '.join(extra)}): no form of Table 1 here says what they read or add")
     inputs, outer, bias, router = _matrices(children[mlp], d)
     if not inputs or outer is None:
         raise NoForm(f"its MLP ({mlp}, {type(children[mlp]).__name__}) has no matrices reading z and writing "
                      "the residual that a Table 1 rule knows")
+    inputs = {f"{mlp}.{k}": v for k, v in inputs.items()}
+    input_at = {}
+    for part in extra:  # the MoE beside the MLP: each matrix reads its own module's input
+        for k, layout in _matrices(children[part], d)[0].items():
+            inputs[f"{part}.{k}"] = layout
+            input_at[f"{part}.{k}"] = f"{part}.{k}".rsplit(".", 1)[0]
     buffers = dict(layer.named_buffers(recurse=False))
     scale = next((n for n in OUTPUT_SCALES if n in buffers and buffers[n].numel() == 1), None)
     norms = tuple(n for n in norms if "per_layer" not in n)  # the per-layer inputs' own norm reads no v
-    return Reading(decoder_path, layers_attr, mlp, mixer, norms, {f"{mlp}.{k}": v for k, v in inputs.items()},
-                   f"{mlp}.{outer}", f"{mlp}.{bias}" if bias else None, f"{mlp}.{router}" if router else None,
-                   False, sum_at=after[0] if after else None, output_scale=scale)
+    return Reading(decoder_path, layers_attr, mlp, mixer, norms, inputs,
+                   f"{mlp}.{outer}", f"{mlp}.{bias}" if bias else None,
+                   beside or (f"{mlp}.{router}" if router else None),
+                   False, sum_at=after[0] if after else None, output_scale=scale, input_at=input_at)
+
+
+def _moe_beside(children: dict[str, nn.Module], extra: list[str], d: int) -> str | None:
+    """The router's name when the weighted parts beside the MLP are exactly a sparse MoE, a router (one matrix
+    reading d features, a router by its name or class) and stacked experts, as Gemma 4's MoE sizes have;
+    else None (what such parts read or add is then unknown)."""
+    kinds: dict[str, str] = {}
+    for name in extra:
+        inputs = _matrices(children[name], d)[0]
+        layouts = set(inputs.values())
+        if layouts and layouts <= {EXPERTS, EXPERTS_IN_OUT}:
+            kinds.setdefault("experts", name)
+        elif layouts == {LINEAR} and len(inputs) == 1 and "router" in (name + type(children[name]).__name__).lower():
+            kinds.setdefault("router", name)
+    return kinds["router"] if len(extra) == 2 and len(kinds) == 2 else None
 
 
 def _matrices(mlp: nn.Module, d: int) -> tuple[dict[str, str], str | None, str | None, str | None]:
@@ -236,7 +257,7 @@ def _bias(module: nn.Module, path: str) -> str | None:
 
 def _forms(r: Reading, layer: nn.Module, model_type: str):
     """Every Table 1 form the reading allows, most likely first (check.py picks the first that holds)."""
-    experts = any(layout in (EXPERTS, EXPERTS_IN_OUT) for layout in r.inputs.values())
+    experts = any(layout in (EXPERTS, EXPERTS_IN_OUT) for name, layout in r.inputs.items() if name not in r.input_at)
     if experts and r.router is None:
         return
     post = [n for n in POST_MLP_NORM if n in r.norms]
@@ -246,7 +267,10 @@ def _forms(r: Reading, layer: nn.Module, model_type: str):
                   sum_at=r.sum_at, output_scale=r.output_scale,
                   decoder=_Path(r.decoder_path), layers_attr=r.layers_attr, mlp=r.mlp,
                   input_matrices=dict(r.inputs), absolute_positions=r.absolute_positions,
-                  tiny_model=None, tiny_config=None)
+                  tiny_model=None, tiny_config=None, input_at=dict(r.input_at))
+    if r.input_at:
+        yield from _moe_beside_forms(r, layer, common, pre, post)
+        return
     outputs: list[dict] = []
     down = r.outer
     for norm in post:  # a post-MLP norm's scale (Thm 10)
@@ -276,6 +300,21 @@ def _forms(r: Reading, layer: nn.Module, model_type: str):
         if r.mixer:  # a parallel block: v = x + the mixer's output
             yield BlockAdapter(**common, **dict(out, theorem="Thm 12 (parallel block) + " + out["theorem"]),
                                attention=r.mixer)
+
+
+def _moe_beside_forms(r: Reading, layer: nn.Module, common: dict, pre: list[str], post: list[str]):
+    """An MoE beside the MLP: the branch is a sum of the MLP's and the experts' outputs, each normalized on its
+    own (Gemma 4), so only a parameter after the sum moves the branch by any r: a post-MLP norm's scale (Thm
+    10). The MLP's and the experts' outer matrices move one summand each, before a norm: no form, and App. B's
+    W_down step has no one matrix before the post-MLP norm (`pre_norm_matrix` None)."""
+    for norm in post:
+        out = dict(output_rule=SCALE, output_param=f"{norm}.weight",
+                   captures={"d": (norm, "input"), "router": (r.router, "output")},  # the routing, for its stats
+                   scale_offset=_scale_offset(layer.get_submodule(norm)),
+                   theorem="Thm 7 (per-matrix inputs: MLP, router, experts) + Thm 10 (post-norm scale)",
+                   load_kwargs={"experts_implementation": "eager"})  # the grouped kernel has no float64
+        for at in (*pre, r.mlp):
+            yield BlockAdapter(**common, **out, residual_at=at)
 
 
 @dataclass(frozen=True)

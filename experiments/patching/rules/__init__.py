@@ -1,7 +1,7 @@
-"""Table 1's output rules, one class per row, keyed by the name an adapter gives in `output_rule`.
+"""Table 1's output rules, one class per row; an adapter holds one of the objects below as its `output_rule`.
 
-Adding a rule: a file here with its `OutputRule` subclass (open-loop and closed-loop step), and its
-line in RULES below."""
+Adding a rule: a file here with its `OutputRule` subclass (its steps, and what the variants and the fit
+need to know of it: `post_norm`, `routed_experts`, `takes_ridge`), its object below and its line in RULES."""
 
 from __future__ import annotations
 
@@ -12,13 +12,12 @@ from experiments.patching.rules.outer_bias import OuterBias
 from experiments.patching.rules.outer_weight import OuterWeight
 from experiments.patching.rules.scale import Scale
 
-RULES: dict[str, OutputRule] = {rule.key: rule for rule in (
-    OuterBias(),  # Thm 8
-    OuterWeight(),  # Thm 9
-    Scale(),  # Thm 10
-    MixtureOfExperts(),  # Thm 11
-    MixtureOfExpertBiases(),  # Thm 11 with Thm 8 (gpt-oss: experts with biases, found from its module tree)
-)}
+OUTER_BIAS = OuterBias()  # Thm 8
+OUTER_WEIGHT = OuterWeight()  # Thm 9
+SCALE = Scale()  # Thm 10
+MOE = MixtureOfExperts()  # Thm 11
+MOE_BIAS = MixtureOfExpertBiases()  # Thm 11 with Thm 8 (gpt-oss: experts with biases, found from its module tree)
+RULES: dict[str, OutputRule] = {rule.key: rule for rule in (OUTER_BIAS, OUTER_WEIGHT, SCALE, MOE, MOE_BIAS)}
 
 
 def rule_for(key: str) -> OutputRule:
@@ -28,4 +27,5 @@ def rule_for(key: str) -> OutputRule:
         raise ValueError(f"unknown output rule {key!r}; known: {', '.join(RULES)}") from None
 
 
-__all__ = ["RULES", "LayerPatchStats", "OutputRule", "rule_for"]
+__all__ = ["MOE", "MOE_BIAS", "OUTER_BIAS", "OUTER_WEIGHT", "RULES", "SCALE", "LayerPatchStats", "OutputRule",
+           "rule_for"]

@@ -48,12 +48,30 @@ def as_rows(t: Tensor) -> Tensor:
 
 
 class OutputRule:
-    """One row of Table 1's output side. Subclasses set `key` (the adapter's `output_rule`) and
-    `theorem`, and write both steps; `stats` is filled in place (dm_linf, div_zero)."""
+    """One row of Table 1's output side, the object an adapter holds as its `output_rule`. Subclasses set
+    `key` (its name in tables and metrics), `theorem` and what the variants and the fit need to know of it,
+    and write the steps; `stats` is filled in place (dm_linf, div_zero). Rules hold no state: two are equal
+    when they are the same rule."""
 
     key: ClassVar[str]
     theorem: ClassVar[str]
     exact_at_k: ClassVar[bool] = False  # fit_positions can match k > 1 positions exactly (a matrix, not a vector)
+    # its parameter is the scale of a norm after the MLP (Thm 10): it divides by the MLP's normalized outputs,
+    # and App. B's variants and the closed loop's conditioning (a W_down step before the norm) apply to it
+    post_norm: ClassVar[bool] = False
+    routed_experts: ClassVar[bool] = False  # it moves each active expert's outer side (Thm 11): 3-D stacks
+    takes_ridge: ClassVar[bool] = False  # its least squares solves for a matrix, which a ridge regularizes
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.key))
+
+    def __repr__(self) -> str:
+        return self.key
+
+    __str__ = __repr__
 
     def open_loop(self, adapter: BlockAdapter, layer: nn.Module, r: Tensor, values: dict, P: Tensor, out: Tensor,
                   cdt: torch.dtype, stats: LayerPatchStats) -> None:

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from experiments.patching import lemmas
 from experiments.patching.capture import last_position
-from experiments.patching.kinds import EXPERTS, MOE
+from experiments.patching.kinds import EXPERTS
 from experiments.patching.lemmas_ls import moe_features, moe_ls
 from experiments.patching.rules.base import OutputRule
 
@@ -43,9 +43,10 @@ def moe_down_rounded(experts: nn.Module, P: Tensor, out: Tensor, gate_up: Tensor
 
 
 class MixtureOfExperts(OutputRule):
-    key = MOE
+    key = "moe"  # each active expert's outer matrix adds r / S
     theorem = "Thm 11 (MoE)"
     exact_at_k = True
+    routed_experts = True
 
     def open_loop(self, adapter, layer, r, values, P, out, cdt, stats):
         # the routing and z of the with-context pass: the input update makes the patched router see z_C

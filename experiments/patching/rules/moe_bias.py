@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 
 from experiments.patching.capture import last_position
-from experiments.patching.kinds import MOE_BIAS
 from experiments.patching.rules.base import OutputRule
 
 
@@ -30,7 +29,8 @@ def moe_bias_rounded(P: Tensor, out: Tensor, index: Tensor, gates: Tensor, r: Te
 
 
 class MixtureOfExpertBiases(OutputRule):
-    key = MOE_BIAS
+    key = "moe_bias"  # Thm 8 in Thm 11: each active expert's outer bias adds r / S
+    routed_experts = True
     theorem = "Thm 11 with Thm 8 (each active expert's outer bias)"
     exact_at_k = True  # k ≤ E positions with independent gate rows: the least-squares fit is exact
 

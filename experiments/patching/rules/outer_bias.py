@@ -4,13 +4,12 @@ GPT-J's fc_out), so Δb = r moves the output by r whatever the MLP's input was."
 from __future__ import annotations
 
 from experiments.patching import lemmas
-from experiments.patching.kinds import OUTER_BIAS
 from experiments.patching.lemmas_ls import outer_bias_ls
 from experiments.patching.rules.base import OutputRule
 
 
 class OuterBias(OutputRule):
-    key = OUTER_BIAS
+    key = "outer_bias"  # Δb = r
     theorem = "Thm 8 (outer bias)"
 
     def open_loop(self, adapter, layer, r, values, P, out, cdt, stats):

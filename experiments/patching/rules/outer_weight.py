@@ -9,16 +9,16 @@ from torch import nn
 
 from experiments.patching import lemmas
 from experiments.patching.capture import last_position
-from experiments.patching.kinds import OUTER_WEIGHT
 from experiments.patching.lemmas_ls import outer_weight_ls
 from experiments.patching.rounded import add_outer_rounded, add_rank1_by_rows
 from experiments.patching.rules.base import OutputRule, as_rows, module_input
 
 
 class OuterWeight(OutputRule):
-    key = OUTER_WEIGHT
+    key = "outer_weight"  # ΔW′ = r yᵀ / ‖y‖², y = the input of the outer matrix
     theorem = "Thm 9 (outer weight)"
     exact_at_k = True
+    takes_ridge = True
 
     def open_loop(self, adapter, layer, r, values, P, out, cdt, stats):
         u, s = lemmas.outer_weight_update(r, values["y"].to(cdt))

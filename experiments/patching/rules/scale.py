@@ -11,7 +11,6 @@ from torch import Tensor, nn
 
 from experiments.patching import lemmas
 from experiments.patching.capture import last_position
-from experiments.patching.kinds import SCALE
 from experiments.patching.lemmas_ls import scale_ls
 from experiments.patching.rounded import compute_dtype
 from experiments.patching.rules.base import OutputRule, as_rows, module_input
@@ -28,8 +27,9 @@ def scale_input(norm: nn.Module, d: Tensor, cdt: torch.dtype) -> Tensor:
 
 
 class Scale(OutputRule):
-    key = SCALE
+    key = "scale"  # Δm = r ⊘ h, h = the normalized output before the scale
     theorem = "Thm 10 (post-norm scale)"
+    post_norm = True
 
     def open_loop(self, adapter, layer, r, values, P, out, cdt, stats):
         dm, stats.div_zero = lemmas.scale_update(r, scale_input(adapter.owner(layer), values["d"], cdt))

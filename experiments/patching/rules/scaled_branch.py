@@ -5,7 +5,7 @@ whose fitted movement of the layer is then α times the branch's).
 
 A wrapper, not a row of Table 1: `BlockAdapter.rule` returns the adapter's rule wrapped in it when the
 adapter's `branch_scale` is not 1, so the engine, which asks `adapter.rule`, needs no change. (The closed
-loop asks the registry by the rule's name instead, so variants.py refuses it for such a block.)"""
+loop solves for T = v + g, so variants.py refuses it for such a block.)"""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ class ScaledBranch(OutputRule):
             raise ValueError("a branch scaled by 0 carries no context: no patch can move it")
         self.inner, self.alpha = inner, float(alpha)
         self.key, self.exact_at_k = inner.key, inner.exact_at_k
+        self.post_norm, self.routed_experts, self.takes_ridge = inner.post_norm, inner.routed_experts, inner.takes_ridge
         self.theorem = f"{inner.theorem}, r / {self.alpha:g} (branch scale)"
 
     def open_loop(self, adapter, layer, r, values, P, out, cdt, stats):
