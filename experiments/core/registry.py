@@ -27,11 +27,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # One package per paper, in the order `icl-exp list` shows them.
 PAPER_PACKAGES = ("dherin", "goldwaser", "karbevski", "xu_fang")
 CONF_DIR = REPO_ROOT / "conf"
-# The one switch between the two kinds of config an experiment's run() and validate() take: the experiments
-# named here take the composed DictConfig, every other one its schema's dataclass instance
-# (Experiment.config). system_compile still reads its config as a DictConfig (casts, .get with defaults);
-# once it reads its typed config, this set is empty and goes.
-DICT_CONFIG_EXPERIMENTS = frozenset({"system_compile"})
 
 
 @dataclass(frozen=True)
@@ -63,8 +58,6 @@ class Experiment:
         experiment reads typed values and the schema's defaults, not casts and .get(key, default). Made at
         the boundary, from the composed DictConfig that the runner keeps for what is written about a run
         (run.json, the log) and that Hydra and the launchers pass around."""
-        if self.name in DICT_CONFIG_EXPERIMENTS:
-            return cfg
         from experiments.core.config_schema import typed
 
         return typed(cfg)

@@ -1,7 +1,7 @@
 """Experiments read their typed config (registry.Experiment.config: the schema's dataclass instance), so a
 value is already of its type and a missing key takes the schema's default: a cast of a config value
 (`int(cfg.k)`) or a `.get` with a default (`cfg.get("k", 16)`) would say again what the schema says, and
-may say it differently. Read from the source, every experiment module but the ones named below."""
+may say it differently. Read from the source, every experiment module."""
 
 from __future__ import annotations
 
@@ -9,27 +9,20 @@ import re
 
 import pytest
 
-from experiments.core.registry import DICT_CONFIG_EXPERIMENTS, REPO_ROOT
+from experiments.core.registry import REPO_ROOT
 
 EXPERIMENTS = REPO_ROOT / "experiments"
-# Not yet converted: system_compile still reads the composed DictConfig (registry.DICT_CONFIG_EXPERIMENTS).
-NOT_YET_TYPED = (EXPERIMENTS / "goldwaser" / "system_compile",)
 CAST = re.compile(r"\b(?:int|float|str|bool)\(\s*cfg\b|\bcfg\.get\(")
 
 
 def _sources() -> list:
-    return [p for p in sorted(EXPERIMENTS.rglob("*.py")) if not any(p.is_relative_to(d) for d in NOT_YET_TYPED)]
+    return sorted(EXPERIMENTS.rglob("*.py"))
 
 
 def test_no_experiment_casts_its_config_or_repeats_a_default():
     found = [f"{p.relative_to(REPO_ROOT)}:{n}: {line.strip()}" for p in _sources()
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if CAST.search(line)]
     assert not found, "read the typed config instead (the schema has the type and the default):\n" + "\n".join(found)
-
-
-def test_the_exclusion_is_the_one_the_registry_makes():
-    """What this test leaves out is what still gets a DictConfig: converting system_compile removes both."""
-    assert {d.name for d in NOT_YET_TYPED} == set(DICT_CONFIG_EXPERIMENTS)
 
 
 @pytest.mark.parametrize("line", ["k = int(cfg.k)", "x = float( cfg.train.lr)", "if cfg.get('image'):",
@@ -56,4 +49,7 @@ def test_an_experiment_gets_its_schema_object():
     typed = get("layer_errors").config(cfg)
     assert dataclasses.is_dataclass(typed) and "hydra" in cfg
     assert typed.dtypes == [LayerDtype.float32, LayerDtype.float64] and typed.variants == [PatchVariant.naive]
-    assert get("system_compile").config(cfg) is cfg  # not yet converted: the DictConfig as composed
+    from experiments.goldwaser.system_compile.schema import Method
+
+    compile_cfg = _compose(["experiment=system_compile", "preset=smoke"])
+    assert get("system_compile").config(compile_cfg).methods == [Method.analytic, Method.bake]

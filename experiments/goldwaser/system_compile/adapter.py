@@ -90,4 +90,4 @@ class PeftOnBase:
 
 def peft_rank(cfg, method: str) -> int:
     """The adapter's rank: the bake's LoRA rank, the analytic patch's truncation."""
-    return int(cfg.rank) if method == "bake" else int(cfg.analytic_rank)
+    return cfg.rank if method == "bake" else cfg.analytic_rank

@@ -14,9 +14,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
-
 from experiments.core.errors import UserError
+from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
 
 @dataclass(frozen=True)
@@ -42,35 +41,34 @@ class Point:
         return f"rank {self.rank}, {self.steps} steps"
 
 
-def _values(cfg: DictConfig, grid: str, single: str) -> list:
-    values = list(cfg.get(grid) or [])
-    return values or [cfg.get(single)]
+def _values(cfg: SystemCompileConfig, grid: str, single: str) -> list:
+    return list(getattr(cfg, grid)) or [getattr(cfg, single)]
 
 
-def points(cfg: DictConfig, method: str) -> list[Point]:
+def points(cfg: SystemCompileConfig, method: str) -> list[Point]:
     """The method's budget points, in the order the grid keys give them."""
     if method == "analytic":
-        return [Point("analytic", None if r is None else int(r), ridge=float(x))
+        return [Point("analytic", r, ridge=x)
                 for r, x in itertools.product(_values(cfg, "analytic_ranks", "analytic_rank"),
                                               _values(cfg, "ridges", "ridge"))]
-    return [Point("bake", int(r), steps=int(s))
+    return [Point("bake", r, steps=s)
             for r, s in itertools.product(_values(cfg, "bake_ranks", "rank"), _values(cfg, "bake_steps", "steps"))]
 
 
-def check_budgets(cfg: DictConfig, methods: list[str], fit_queries: int) -> None:
+def check_budgets(cfg: SystemCompileConfig, methods: list[str], fit_queries: int) -> None:
     """One line each, before any model is loaded: a grid's values, and a choice with nothing to choose on."""
-    validation = int(cfg.validation)
+    validation = cfg.validation
     if validation < 0:
         raise UserError(f"validation={validation} must be 0 (no choice to make) or a number of fit queries")
     if validation and validation >= fit_queries:
         raise UserError(f"validation={validation} leaves no fit query to compile on ({fit_queries} fit queries; "
                         f"validation ≤ {fit_queries - 1})")
     for key in ("analytic_ranks", "bake_ranks", "bake_steps"):
-        bad = [v for v in (cfg.get(key) or []) if v is not None and int(v) < 1]
-        if bad or (key != "analytic_ranks" and None in list(cfg.get(key) or [])):
-            raise UserError(f"{key}={list(cfg.get(key))} must hold positive integers"
+        values = list(getattr(cfg, key))
+        if any(v is not None and v < 1 for v in values):
+            raise UserError(f"{key}={values} must hold positive integers"
                             + (" (null: the full least-squares rank)" if key == "analytic_ranks" else ""))
-    if any(float(x) < 0 for x in (cfg.get("ridges") or [])):
+    if any(x < 0 for x in cfg.ridges):
         raise UserError(f"ridges={list(cfg.ridges)} must be 0 (the least-squares lemma) or more")
     for method in methods:
         many = points(cfg, method)

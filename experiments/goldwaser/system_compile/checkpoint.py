@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.results import RunContext
 from experiments.goldwaser.system_compile.measure import Generation, Reference
 from experiments.goldwaser.system_compile.replies import kl_rows, reply_logits
+from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
 log = logging.getLogger(__name__)
 COMPILED_FILE = "compiled.json"
@@ -25,16 +25,16 @@ def _means(m: pd.DataFrame, method: str, prompt: str, split: str) -> dict[str, f
     return {name: float(rows[rows["metric"] == name]["value"].mean()) for name in ("kl", "top1", "behaviour")}
 
 
-def usage(folder: Path, cfg: DictConfig, query: str, max_new: int) -> list[str]:
+def usage(folder: Path, cfg: SystemCompileConfig, query: str, max_new: int) -> list[str]:
     """How to run the checkpoint in stock transformers, without the system prompt."""
     where = repr(str(folder))
     head = ["import torch; from transformers import AutoModelForCausalLM, AutoTokenizer",
             f"m, t = AutoModelForCausalLM.from_pretrained({where}), AutoTokenizer.from_pretrained({where})"]
-    if str(cfg.template) == "chat":
+    if cfg.template == "chat":
         encode = (f"enc = t.apply_chat_template([{{'role': 'user', 'content': {query!r}}}], "
                   "add_generation_prompt=True, return_tensors='pt', return_dict=True)")
     else:
-        text = str(cfg.query_format).replace("{query}", query)
+        text = cfg.query_format.replace("{query}", query)
         encode = f"enc = t((t.bos_token or '') + {text!r}, return_tensors='pt', add_special_tokens=False)"
     return [*head, encode,
             f"print(t.decode(m.generate(**enc, max_new_tokens={max_new}, do_sample=False)[0, "
@@ -42,7 +42,7 @@ def usage(folder: Path, cfg: DictConfig, query: str, max_new: int) -> list[str]:
 
 
 @torch.no_grad()
-def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, gen: Generation, prompt,
+def save_checkpoint(cfg: SystemCompileConfig, ctx: RunContext, bundle, ref: Reference, gen: Generation, prompt,
                     method: str, change=None) -> None:
     """format=merged: the stock checkpoint; format=peft: the change as a LoRA adapter (adapter.py), which
     needs the `change` (its originals: the base weights)."""
@@ -51,7 +51,7 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, ge
     from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
-    if str(cfg.get("format", "merged")) == "peft":
+    if cfg.format == "peft":
         return save_adapter(cfg, ctx, bundle, ref, gen, prompt, method, change)
     folder, model, tok = ctx.run_dir, bundle.model, bundle.tokenizer
     with quiet_transformers():  # no "Writing model shards" bar
@@ -75,8 +75,8 @@ def save_checkpoint(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, ge
 
 
 @torch.no_grad()
-def save_adapter(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, gen: Generation, prompt, method: str,
-                 change) -> None:
+def save_adapter(cfg: SystemCompileConfig, ctx: RunContext, bundle, ref: Reference, gen: Generation, prompt,
+                 method: str, change) -> None:
     """The change as a PEFT LoRA adapter in the run folder (with the tokenizer), loaded back by peft onto the
     base weights and measured against the in-process compiled model as the checkpoint is."""
     from experiments.core.atomic import save_pretrained
@@ -85,7 +85,7 @@ def save_adapter(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, gen: 
 
     folder, model, tok = ctx.run_dir, bundle.model, bundle.tokenizer
     rank = peft_rank(cfg, method)
-    write_adapter(folder, lora_factors(model, change.originals, rank), rank, str(cfg.model), ctx.dtype)
+    write_adapter(folder, lora_factors(model, change.originals, rank), rank, cfg.model, ctx.dtype)
     with quiet_transformers():
         save_pretrained(tok, folder)
     held = ref.indices("heldout")
@@ -106,7 +106,7 @@ def save_adapter(cfg: DictConfig, ctx: RunContext, bundle, ref: Reference, gen: 
     record(cfg, ctx, ref, gen, prompt, method, (worst, kls, same, peft_tokens), use)
 
 
-def record(cfg: DictConfig, ctx: RunContext, ref: Reference, gen: Generation, prompt, method: str, reload,
+def record(cfg: SystemCompileConfig, ctx: RunContext, ref: Reference, gen: Generation, prompt, method: str, reload,
            use: list[str]) -> None:
     """The reload's metrics, compiled.json and the log lines: (worst relative logit gap, per-query KL,
     fraction of identical generations, the reloaded model's generations) and how to use it."""
@@ -123,12 +123,12 @@ def record(cfg: DictConfig, ctx: RunContext, ref: Reference, gen: Generation, pr
     cost = {k: float(cost[cost["metric"] == k]["value"].iloc[0])
             for k in ("rank", "params_factored", "params_changed", "compile_s")}
     summary = dict(
-        method=method, model=str(cfg.model), dtype=str(ctx.dtype).removeprefix("torch."), system=prompt.text,
-        check=prompt.check, template=str(cfg.template), query_format=str(cfg.query_format),
+        method=method, model=cfg.model, dtype=str(ctx.dtype).removeprefix("torch."), system=prompt.text,
+        check=prompt.check, template=cfg.template, query_format=cfg.query_format,
         heldout=_means(m, method, prompt.name, "heldout"), control=_means(m, "control", prompt.name, "heldout"),
         reference_behaviour=_means(m, "reference", prompt.name, "heldout")["behaviour"],
         fit=_means(m, method, prompt.name, "fit"), reload_kl=sum(kls) / len(kls), reload_logit_linf_rel=worst,
-        reload_same_generation=same, format=str(cfg.get("format", "merged")), **cost,
+        reload_same_generation=same, format=cfg.format, **cost,
         # per held-out query: what a reader needs to measure the checkpoint again (tests/goldwaser/
         # test_system_compile.py does): the ids it is fed, the prompted model's reply and logits' KL along it,
         # and the free greedy generation the run measured

@@ -8,10 +8,10 @@ patch they are a construction (least squares at those very positions)."""
 from __future__ import annotations
 
 import pandas as pd
-from omegaconf import DictConfig
 
 from experiments.core.results import RunContext
 from experiments.goldwaser.system_compile.rates import pooled, rate_table
+from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 from experiments.patching.compare import rounding_bar
 
 REF = "beyond the papers: a system prompt compiled into weights (Goldwaser §6; Prompt Baking)"
@@ -25,12 +25,12 @@ def heldout_mean(m: pd.DataFrame, method: str, metric: str) -> float:
     return float(rows.groupby("prompt")["value"].mean().mean()) if len(rows) else float("nan")
 
 
-def check_claims(cfg: DictConfig, ctx: RunContext, m: pd.DataFrame) -> None:
-    measured = [str(x) for x in cfg.methods]
+def check_claims(cfg: SystemCompileConfig, ctx: RunContext, m: pd.DataFrame) -> None:
+    measured = [str(m) for m in cfg.methods]
     prompts = int(m.loc[m["metric"] == "kl", "prompt"].nunique())
     held = int(m.loc[(m["metric"] == "kl") & (m["split"] == "heldout"), "query"].nunique())
     where = f"{cfg.model}, {prompts} system prompt{'s' * (prompts != 1)}, {held} held-out queries"
-    ratio, margin = float(cfg.kl_ratio), float(cfg.margin)
+    ratio, margin = cfg.kl_ratio, cfg.margin
     kl = {x: heldout_mean(m, x, "kl") for x in ("control", *measured)}
     table = rate_table(m)
     control = pooled(table, "control")

@@ -28,28 +28,28 @@ import logging
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig, ListConfig
 
 from experiments.core.errors import UserError
 from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
+from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
 log = logging.getLogger(__name__)
 GENERATIONS_FILE = "generations.json"  # every method's free generations, per system prompt and split
 
 
 # -- config ---------------------------------------------------------------------------------------
-def system_prompts(cfg: DictConfig):
+def system_prompts(cfg: SystemCompileConfig):
     """The system prompts to compile: `system=` with `check=` when given, else `prompts=`."""
     from experiments.goldwaser.system_compile.behaviours import CHECK_FORMS, check_for
     from experiments.goldwaser.system_compile.study import Prompt
 
-    if cfg.get("system") is not None:
-        if not str(cfg.system).strip():
+    if cfg.system is not None:
+        if not cfg.system.strip():
             raise UserError("system= is empty: give the system prompt to compile")
-        if not cfg.get("check"):
+        if not cfg.check:
             raise UserError(f"system= needs check= to measure its effect: {' | '.join(CHECK_FORMS)}")
-        prompts = [Prompt("system", str(cfg.system), str(cfg.check))]
+        prompts = [Prompt("system", cfg.system, cfg.check)]
     else:
         if not cfg.prompts:
             raise UserError("prompts= is empty: give system prompts [{name: ..., text: ..., check: ...}] or "
@@ -65,10 +65,10 @@ def system_prompts(cfg: DictConfig):
     return prompts
 
 
-def _positive(cfg: DictConfig, *keys: str) -> None:
+def _positive(cfg: SystemCompileConfig, *keys: str) -> None:
     for key in keys:
-        value = cfg.get(key)
-        if value is None or int(value) < 1:
+        value = getattr(cfg, key)
+        if value is None or value < 1:
             raise UserError(f"{key}={value} must be a positive integer")
 
 
@@ -107,7 +107,7 @@ def check_lora_targets(config, targets: list[str], model: str) -> None:
                         f"(its projections: {', '.join(linear) or 'none found'})")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: SystemCompileConfig) -> None:
     """Everything checkable before a run folder exists and before any model is loaded."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.goldwaser.common import check_context_length, check_stop_at_eos
@@ -117,60 +117,60 @@ def validate(cfg: DictConfig) -> None:
     from experiments.patching.fixed_patch import check_fixed_patch
     from experiments.zoo.loading import check_model
 
-    if not str(cfg.model).strip():
+    if not cfg.model.strip():
         raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-llama")
     prompts = system_prompts(cfg)
     fit, held = split(cfg)
     _positive(cfg, "max_new_tokens", "rank", "steps", "batch", "samples")
     if cfg.analytic_rank is not None:
         _positive(cfg, "analytic_rank")
-    if float(cfg.ridge) < 0:
+    if cfg.ridge < 0:
         raise UserError(f"ridge={cfg.ridge} must be 0 (the least-squares lemma) or more")
-    if int(cfg.eval_every) < 0:
+    if cfg.eval_every < 0:
         raise UserError(f"eval_every={cfg.eval_every} must be 0 (at the end only) or more")
     for key in ("lr", "alpha", "temperature", "kl_ratio"):
-        if not float(cfg[key]) > 0:
-            raise UserError(f"{key}={cfg[key]} must be positive")
-    methods = [str(x) for x in cfg.methods]
+        if not getattr(cfg, key) > 0:
+            raise UserError(f"{key}={getattr(cfg, key)} must be positive")
+    methods = [str(m) for m in cfg.methods]
     if not methods or len(set(methods)) != len(methods):
         raise UserError(f"methods={methods} must name analytic and/or bake, each once")
     check_budgets(cfg, methods, len(fit))
-    if cfg.save is not None and str(cfg.save) not in methods:
+    if cfg.save is not None and cfg.save not in methods:
         raise UserError(f"save={cfg.save} is not among methods={methods}")
-    if str(cfg.get("format", "merged")) == "peft" and cfg.save is None:
+    if cfg.format == "peft" and cfg.save is None:
         raise UserError("format=peft is the form of the saved model: give save=analytic|bake with it")
     check_stop_at_eos(cfg)
-    if "bake" in methods and (not isinstance(cfg.lora_targets, (list, ListConfig)) or not cfg.lora_targets):
+    if "bake" in methods and (not isinstance(cfg.lora_targets, list) or not cfg.lora_targets):
         raise UserError("lora_targets= is empty: the LoRA needs the modules it adapts, e.g. "
                         "[gate_proj,up_proj,down_proj]")
-    config = check_model(str(cfg.model), resolve_dtype(str(cfg.get("dtype", "float32"))),
-                         resolve_device(str(cfg.get("device", "auto"))))
+    config = check_model(cfg.model, resolve_dtype(cfg.dtype),
+                         resolve_device(cfg.device))
     if config.model_type == "gemma3":
         raise UserError(f"the compiled checkpoint is text-only (e.g. Gemma3ForCausalLM); {cfg.model} is multimodal")
     adapter = adapter_for(config.model_type)  # one line naming the supported ones
     if "analytic" in methods:
         check_fixed_patch(adapter)
     if "bake" in methods:
-        check_lora_targets(config, list(cfg.lora_targets), str(cfg.model))
-    tok = load_tokenizer(str(cfg.model))
-    check_template(tok, str(cfg.template), str(cfg.model))
+        check_lora_targets(config, list(cfg.lora_targets), cfg.model)
+    tok = load_tokenizer(cfg.model)
+    check_template(tok, cfg.template, cfg.model)
     for p in prompts:
-        check_not_default(encode(tok, str(cfg.template), str(cfg.query_format), p.text, fit[0]), p.name,
-                          str(cfg.model))
-    lengths = [len(encode(tok, str(cfg.template), str(cfg.query_format), p.text, q).prompted)
+        check_not_default(encode(tok, cfg.template, cfg.query_format, p.text, fit[0]), p.name,
+                          cfg.model)
+    lengths = [len(encode(tok, cfg.template, cfg.query_format, p.text, q).prompted)
                for p in prompts for q in fit + held]
-    check_context_length(config, lengths, int(cfg.max_new_tokens))
-    if str(cfg.get("format", "merged")) == "peft" and str(cfg.save) == "analytic" and cfg.analytic_rank is None:
+    check_context_length(config, lengths, cfg.max_new_tokens)
+    if cfg.format == "peft" and cfg.save == "analytic" and cfg.analytic_rank is None:
         # the least-squares ΔW has a direction per fit position: that is the rank a LoRA would need
-        ids = [encode(tok, str(cfg.template), str(cfg.query_format), prompts[0].text, q) for q in fit]
-        per = [(i.shared - 1 if str(cfg.fit_positions) == "suffix" else 0) + int(cfg.max_new_tokens) for i in ids]
-        rank = min(sum(per) * max(1, int(cfg.samples)), int(config.hidden_size))
+        ids = [encode(tok, cfg.template, cfg.query_format, prompts[0].text, q) for q in fit]
+        per = [(i.shared - 1 if cfg.fit_positions == "suffix" else 0) + cfg.max_new_tokens for i in ids]
+        rank = min(sum(per) * max(1, cfg.samples), int(config.hidden_size))
         raise UserError(f"format=peft: the analytic patch is not low rank (up to rank {rank}, one direction per fit "
                         "position): give analytic_rank=R for a rank-R adapter, or format=merged")
 
 
 # -- the run --------------------------------------------------------------------------------------
-def run(cfg: DictConfig, ctx: RunContext) -> None:
+def run(cfg: SystemCompileConfig, ctx: RunContext) -> None:
     from experiments.core.atomic import write_json_atomic
     from experiments.core.progress import progress
     from experiments.core.samples import reply_sample
@@ -184,20 +184,20 @@ def run(cfg: DictConfig, ctx: RunContext) -> None:
     from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
 
-    ctx.model = model_label(str(cfg.model))  # validate() ran once, on the command line (cli/overrides.check_job)
+    ctx.model = model_label(cfg.model)  # validate() ran once, on the command line (cli/overrides.check_job)
     prompts = system_prompts(cfg)
     fit, held = split(cfg)
-    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=int(cfg.seed))
+    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     model, tok = bundle.model, bundle.tokenizer
     adapter = adapter_for(model.config.model_type)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    gen = Generation(int(cfg.max_new_tokens), frozenset(stop_ids(cfg, bundle)), int(pad),
+    gen = Generation(cfg.max_new_tokens, frozenset(stop_ids(cfg, bundle)), int(pad),
                      functools.partial(tok.decode, skip_special_tokens=True))
     save = functools.partial(save_checkpoint, cfg) if cfg.save is not None else None
     generations: dict = {}
     with threads_for(model), progress(len(prompts), "system prompts") as bar:
         # the control's free generations: the unprompted model does not depend on the system prompt
-        plain = [encode(tok, str(cfg.template), str(cfg.query_format), prompts[0].text, q).plain for q in fit + held]
+        plain = [encode(tok, cfg.template, cfg.query_format, prompts[0].text, q).plain for q in fit + held]
         control = gen.free(model, plain)
         for p, prompt in enumerate(prompts):
             generations[prompt.name] = run_prompt(cfg, ctx, bundle, adapter, gen, p, prompt, fit, held, control,

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, ListConfig
-
 from experiments.core.errors import UserError
 from experiments.goldwaser.common import text_list
+from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
 SYSTEM_MARKER = "SYSTEM-PROMPT-MARKER-7f3a"  # rendered to see whether a template keeps a system turn
 
@@ -30,10 +29,10 @@ class QueryIds:
     shared: int  # the length of their longest common suffix (≥ 1: at least the reply's first input)
 
 
-def query_list(cfg: DictConfig) -> list[str]:
+def query_list(cfg: SystemCompileConfig) -> list[str]:
     """`queries`: a list, or a text file with one query a line."""
-    queries = text_list(cfg.get("queries"), "queries", "query")
-    if not isinstance(queries, (list, tuple, ListConfig)):
+    queries = text_list(cfg.queries, "queries", "query")
+    if not isinstance(queries, (list, tuple)):
         raise UserError("queries= must be a list like [a,b] or a path to a text file")
     queries = [str(q) for q in queries]
     if not queries or any(not q.strip() for q in queries):
@@ -41,9 +40,9 @@ def query_list(cfg: DictConfig) -> list[str]:
     return queries
 
 
-def split(cfg: DictConfig) -> tuple[list[str], list[str]]:
+def split(cfg: SystemCompileConfig) -> tuple[list[str], list[str]]:
     """(fit queries, held-out queries): the last `heldout` are held out."""
-    queries, n = query_list(cfg), int(cfg.heldout)
+    queries, n = query_list(cfg), cfg.heldout
     if n < 1:
         raise UserError(f"heldout={n}: the split has no held-out query (heldout must be at least 1)")
     if n >= len(queries):

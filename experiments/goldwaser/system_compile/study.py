@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
 
 from experiments.core.results import RunContext
 from experiments.goldwaser.system_compile.analytic import FitSequence, budget, fit_patch, fit_targets
@@ -19,6 +18,7 @@ from experiments.goldwaser.system_compile.budgets import Point, choose, points
 from experiments.goldwaser.system_compile.inputs import QueryIds, encode
 from experiments.goldwaser.system_compile.measure import Generation, Reference, mean_kl, measure_model
 from experiments.goldwaser.system_compile.replies import generate, reply_logits
+from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,35 +42,35 @@ class FitItem:
 
 
 @torch.no_grad()
-def reference(cfg: DictConfig, model, tokenizer, gen: Generation, prompt: Prompt, fit: list[str],
+def reference(cfg: SystemCompileConfig, model, tokenizer, gen: Generation, prompt: Prompt, fit: list[str],
               held: list[str]) -> Reference:
-    ids = [encode(tokenizer, str(cfg.template), str(cfg.query_format), prompt.text, q) for q in fit + held]
+    ids = [encode(tokenizer, cfg.template, cfg.query_format, prompt.text, q) for q in fit + held]
     replies = gen.free(model, [i.prompted for i in ids])
     logits = [reply_logits(model, i.prompted, r) for i, r in zip(ids, replies, strict=True)]
     return Reference(ids, ["fit"] * len(fit) + ["heldout"] * len(held), replies, logits)
 
 
 @torch.no_grad()
-def fit_items(cfg: DictConfig, model, ref: Reference, gen: Generation, seed: int) -> list[FitItem]:
+def fit_items(cfg: SystemCompileConfig, model, ref: Reference, gen: Generation, seed: int) -> list[FitItem]:
     """The fit continuations: the reference's greedy replies to the fit queries, or `samples` replies to each
     sampled at `temperature` from a generator seeded with `seed`."""
     fit = ref.indices("fit")
-    if str(cfg.continuations) == "greedy":
+    if cfg.continuations == "greedy":
         return [FitItem(ref.ids[i], tuple(ref.replies[i]), ref.logits[i], i) for i in fit]
     generator = torch.Generator().manual_seed(seed)
-    queries = [i for i in fit for _ in range(int(cfg.samples))]
+    queries = [i for i in fit for _ in range(cfg.samples)]
     ids = [ref.ids[i] for i in queries]
     replies = generate(model, [i.prompted for i in ids], gen.max_new, set(gen.stop_ids), gen.pad_id,
-                       generator=generator, temperature=float(cfg.temperature))
+                       generator=generator, temperature=cfg.temperature)
     return [FitItem(i, tuple(r), reply_logits(model, i.prompted, r), q)
             for i, r, q in zip(ids, replies, queries, strict=True)]
 
 
-def compile_analytic(cfg: DictConfig, ctx: RunContext, lm, adapter, items: list[FitItem], pad_id: int,
+def compile_analytic(cfg: SystemCompileConfig, ctx: RunContext, lm, adapter, items: list[FitItem], pad_id: int,
                      point: Point, quiet: bool = False, **index):
     """Table 1's fixed patch over every fit position (analytic.py) at `point`'s rank and ridge, with its
     per-layer fit logged (not for a point of the budget sweep: `quiet`)."""
-    suffix = str(cfg.fit_positions) == "suffix"
+    suffix = cfg.fit_positions == "suffix"
     sequences = [FitSequence((*it.ids.prompted, *it.reply[:-1]), (*it.ids.plain, *it.reply[:-1]),
                              (it.ids.shared - 1 + len(it.reply)) if suffix else len(it.reply)) for it in items]
     targets = fit_targets(lm, adapter, sequences, ctx.device)
@@ -83,14 +83,14 @@ def compile_analytic(cfg: DictConfig, ctx: RunContext, lm, adapter, items: list[
     return patch, budget(patch, lm, point.rank), 0.0
 
 
-def compile_bake(cfg: DictConfig, ctx: RunContext, lm, ref: Reference, items: list[FitItem], point: Point,
+def compile_bake(cfg: SystemCompileConfig, ctx: RunContext, lm, ref: Reference, items: list[FitItem], point: Point,
                  curve: list[int], curve_split: str, **index):
     """The baked LoRA at `point`'s rank and steps; its curve measured on `curve` (indices into `ref`; none when
     empty), timed apart from the compile (returned third)."""
     data = [BakeExample(it.ids.plain, it.reply, torch.log_softmax(it.logits, -1)) for it in items]
-    settings = BakeSettings(rank=point.rank, alpha=float(cfg.alpha), targets=tuple(cfg.lora_targets),
-                            steps=point.steps, lr=float(cfg.lr), batch=int(cfg.batch),
-                            eval_every=int(cfg.eval_every), seed=int(cfg.seed))
+    settings = BakeSettings(rank=point.rank, alpha=cfg.alpha, targets=tuple(cfg.lora_targets),
+                            steps=point.steps, lr=cfg.lr, batch=cfg.batch,
+                            eval_every=cfg.eval_every, seed=cfg.seed)
     measure, spent = mean_kl(ref, curve) if curve else None, [0.0]
 
     def timed(model) -> float:  # the curve is a measurement, not compile work: timed apart
@@ -107,7 +107,7 @@ def compile_bake(cfg: DictConfig, ctx: RunContext, lm, ref: Reference, items: li
     return merged, merged.budget(lm), spent[0]
 
 
-def compile_at(cfg: DictConfig, ctx: RunContext, lm, adapter, ref: Reference, items: list[FitItem],
+def compile_at(cfg: SystemCompileConfig, ctx: RunContext, lm, adapter, ref: Reference, items: list[FitItem],
                gen: Generation, point: Point, curve: list[int], curve_split: str, quiet: bool = False, **index):
     """One method compiled at one budget point: (the change to restore, its budget, compile seconds), the
     seconds without the bake's curve evaluations (logged apart as bake_eval_s)."""
@@ -120,14 +120,14 @@ def compile_at(cfg: DictConfig, ctx: RunContext, lm, adapter, ref: Reference, it
     return change, cost, time.perf_counter() - t0 - evals_s
 
 
-def choose_point(cfg: DictConfig, ctx: RunContext, lm, adapter, ref: Reference, items: list[FitItem],
+def choose_point(cfg: SystemCompileConfig, ctx: RunContext, lm, adapter, ref: Reference, items: list[FitItem],
                  gen: Generation, method: str, **index) -> Point:
     """The method's budget point (budgets.py): the only one when there is no choice, else the one of lowest
     KL on the validation queries, each point compiled on the other fit queries. Every point's validation KL
     and compile seconds go to metrics.csv (split=validation) with its index (budget_point) and knobs
     (budget_rank, budget_ridge, budget_steps)."""
     grid = points(cfg, method)
-    validation = ref.indices("fit")[len(ref.indices("fit")) - int(cfg.validation):] if int(cfg.validation) else []
+    validation = ref.indices("fit")[len(ref.indices("fit")) - cfg.validation:] if cfg.validation else []
     if not validation:
         return grid[0]
     train = [it for it in items if it.query not in set(validation)]
@@ -149,7 +149,7 @@ def choose_point(cfg: DictConfig, ctx: RunContext, lm, adapter, ref: Reference, 
     return chosen
 
 
-def run_prompt(cfg: DictConfig, ctx: RunContext, bundle, adapter, gen: Generation, p: int, prompt: Prompt,
+def run_prompt(cfg: SystemCompileConfig, ctx: RunContext, bundle, adapter, gen: Generation, p: int, prompt: Prompt,
                fit: list[str], held: list[str], control: list[list[int]], save) -> dict:
     """Everything for one system prompt (module docstring); returns the decoded generations per method.
     `save(ctx, bundle, ref, gen, prompt, method, change)` keeps the checkpoint of method `cfg.save` (or None)."""
@@ -157,7 +157,7 @@ def run_prompt(cfg: DictConfig, ctx: RunContext, bundle, adapter, gen: Generatio
 
     model, tok = bundle.model, bundle.tokenizer
     check = check_for(prompt.check)
-    index = dict(model=str(cfg.model), prompt=prompt.name, dtype=dtype_name(ctx.dtype))
+    index = dict(model=cfg.model, prompt=prompt.name, dtype=dtype_name(ctx.dtype))
     t0 = time.perf_counter()
     ref = reference(cfg, model, tok, gen, prompt, fit, held)
     ctx.log("reference_s", time.perf_counter() - t0, method="reference", **index)
@@ -168,19 +168,19 @@ def run_prompt(cfg: DictConfig, ctx: RunContext, bundle, adapter, gen: Generatio
         texts["reference"][ref.splits[i]].append(text)
     texts["control"] = measure_model(model, ref, gen, check, ctx.log, generations=control, method="control", **index)
     t0 = time.perf_counter()
-    items = fit_items(cfg, model, ref, gen, seed=int(cfg.seed) + p)
+    items = fit_items(cfg, model, ref, gen, seed=cfg.seed + p)
     ctx.log("data_s", time.perf_counter() - t0, method="reference", **index)  # the fit continuations
     curve = ref.indices("heldout")  # the final compile's curve: reporting only, it chooses nothing
     for method in [str(m) for m in cfg.methods]:
         point = choose_point(cfg, ctx, model, adapter, ref, items, gen, method, **index)
         log.info("%s: compiling %r with %s (%s)", prompt.name, prompt.text, method, point.label())
         change, cost, seconds = compile_at(cfg, ctx, model, adapter, ref, items, gen, point,
-                                           curve if not int(cfg.validation) else [], "heldout", **index)
+                                           curve if not cfg.validation else [], "heldout", **index)
         ctx.log("compile_s", seconds, method=method, **index, **point.columns())
         try:
             ctx.log_many(cost, method=method, **index)
             texts[method] = measure_model(model, ref, gen, check, ctx.log, method=method, **index)
-            if save is not None and method == str(cfg.save):
+            if save is not None and method == cfg.save:
                 save(ctx, bundle, ref, gen, prompt, method, change)
         finally:
             change.restore(model)
