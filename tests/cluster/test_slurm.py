@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tests.conftest import REPO_ROOT
-from tests.core.test_sweeps import _user_error_for_seed
+from tests.helpers.repo import REPO_ROOT
+from tests.helpers.sweeps import user_error_for_seed
 
 SMALL = ("preset=smoke", "train.steps=2", "eval.grid_tasks=1")
 ONE_CPU = ("hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2")  # both jobs at once on a 2-core node
@@ -57,7 +57,7 @@ def test_a_two_job_sweep_completes_without_asking_for_a_gpu(slurm, tmp_path):
 def test_a_failing_job_is_marked_failed_and_its_sibling_completes(slurm, tmp_path):
     sweep = tmp_path / "sweep"
     proc = _cli(slurm, "run", "linreg_icl", "-m", "hydra/launcher=slurm", *SMALL, *ONE_CPU, "seed=0,1",
-                f"hydra.sweep.dir={sweep}", env=_user_error_for_seed(tmp_path, 1))
+                f"hydra.sweep.dir={sweep}", env=user_error_for_seed(tmp_path, 1))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert _status(sweep / "0")["status"] == "complete"
@@ -74,7 +74,7 @@ def test_a_sweep_with_a_failed_job_resumes_that_job_alone_on_slurm(slurm, tmp_pa
     """`icl-exp resume`: the failed job runs again through SLURM in its own folder, the complete one stays."""
     sweep = tmp_path / "sweep"
     proc = _cli(slurm, "run", "linreg_icl", "-m", "hydra/launcher=slurm", *SMALL, *ONE_CPU, "seed=0,1",
-                f"hydra.sweep.dir={sweep}", env=_user_error_for_seed(tmp_path, 1))
+                f"hydra.sweep.dir={sweep}", env=user_error_for_seed(tmp_path, 1))
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
     kept = _status(sweep / "0")
     submitted = set((sweep / ".submitit").iterdir())

@@ -12,20 +12,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT, ctrl_c_as_in_a_terminal
-from tests.core.test_cli import assert_one_line_error
-
-
-@pytest.fixture
-def icl_inprocess():
-    from typer.testing import CliRunner
-
-    from cli.main import app
-    from tests.core.test_cli import _Result
-
-    runner = CliRunner()
-    return lambda *args: _Result(runner.invoke(app, list(args)))
-
+from tests.helpers.cli import assert_one_line_error, ctrl_c_as_in_a_terminal
+from tests.helpers.repo import REPO_ROOT
 
 # -- 2: did you mean ---------------------------------------------------------------------------------
 

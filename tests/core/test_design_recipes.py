@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 DESIGN = REPO_ROOT / "docs" / "design.md"
 HEADING = re.compile(r"^### Recipe: (?P<what>.+?) — (?P<count>\d+) files \(example: (?P<example>[\w.-]+)\)$", re.M)

@@ -15,7 +15,8 @@ import torch
 
 from experiments.core import distributed
 from experiments.core.errors import UserError
-from tests.conftest import REPO_ROOT, run_cli, with_cpu_device
+from tests.helpers.cli import run_cli, with_cpu_device
+from tests.helpers.repo import REPO_ROOT
 
 
 def test_the_suite_hides_cuda_from_itself_and_every_process_it_starts():

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 RANK_SCRIPT = """
 import torch, torch.distributed as dist

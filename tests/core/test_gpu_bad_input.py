@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 FAKE = textwrap.dedent("""
     import os

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from experiments.core.errors import UserError
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="the joblib extra: pip install -e '.[joblib]'")
 

@@ -14,8 +14,9 @@ import threading
 import pytest
 
 from experiments.core import progress
-from tests.conftest import REPO_ROOT, ctrl_c_as_in_a_terminal
-from tests.in_process import compose
+from tests.helpers.cli import ctrl_c_as_in_a_terminal
+from tests.helpers.in_process import compose
+from tests.helpers.repo import REPO_ROOT
 
 # linreg_icl at preset=smoke, as small as the phases allow: two training steps, one grid task
 OVERRIDES = ("train.steps=2", "eval.grid_tasks=1")

@@ -19,8 +19,8 @@ from experiments.core.report.page import render_html  # noqa: E402
 from experiments.core.report.results_page import render_results_page  # noqa: E402
 from experiments.core.report.write import write_report  # noqa: E402
 from experiments.core.results import CHECK_COLUMNS  # noqa: E402  (claims.csv as written before `measure`)
-from tests.conftest import run_cli  # noqa: E402
 from tests.core.browser import find_browser, screenshot_html  # noqa: E402
+from tests.helpers.cli import run_cli  # noqa: E402
 
 
 def claim(id, measured, passed, comparison="<=", tolerance=1.0, paper_value=None):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO_ROOT
-from tests.core.test_sweeps import _user_error_for_seed
+from tests.helpers.repo import REPO_ROOT
+from tests.helpers.sweeps import user_error_for_seed
 
 # threads=1: the numbers of a job do not depend on the launcher's process (parallel vs in-process)
 SMALL = ("preset=smoke", "seed=0,1", "train.steps=2", "eval.grid_tasks=1", "threads=1")
@@ -45,7 +45,7 @@ def test_a_failed_parallel_sweep_resumes_to_the_results_of_one_that_never_stoppe
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     done = _sweep(whole)
     assert done.returncode == 0, done.stderr[-3000:]
-    failed = _sweep(broken, "hydra/launcher=parallel", env=_user_error_for_seed(tmp_path, 0))
+    failed = _sweep(broken, "hydra/launcher=parallel", env=user_error_for_seed(tmp_path, 0))
     assert failed.returncode == 1, failed.stderr[-3000:]
     assert _record(broken / "0")["status"] == "failed"
     (broken / "0" / "traceback.txt").write_text("the last attempt's")

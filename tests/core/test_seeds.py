@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from experiments.core.seeds import aggregate_claims, interval95, seeds_only
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 
 def _rows(measured: list[float], passed: list[bool]) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments.core.results import RunContext
-from tests.in_process import run_claims
+from tests.helpers.in_process import run_claims
 
 
 def _ctx(tmp_path) -> RunContext:

@@ -11,9 +11,9 @@ import sys
 
 import pandas as pd
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
-# the session's shared gpt_wq smoke run (tests/smoke_runs.py) is the one process: preset=smoke accumulates two
+# the session's shared gpt_wq smoke run (tests/helpers/smoke_runs.py) is the one process: preset=smoke accumulates two
 # micro-batches a step, and its lr horizon is fixed (decay_steps=6); the ranks read its data cache
 ARGS = ("preset=smoke", "train.decay_steps=6", "export_hf=false", "train.grad_accum=2")
 

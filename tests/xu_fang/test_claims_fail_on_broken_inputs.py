@@ -6,7 +6,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from experiments.core.results import RunContext
-from tests.in_process import run_claims
+from tests.helpers.in_process import run_claims
 
 # the smoke preset's stack, with the cpu preset's prompt length so the real stack reaches the 0.95 bar
 STACK = ("single.max_demos=64", "single.tasks=16", "stack.max_demos=1024", "claims.few_hundred=300")
