@@ -163,7 +163,7 @@ def ensure_chromium(session: nox.Session) -> bool:
     like SLURM for the cluster tests). Elsewhere the test is skipped in one line; under CI (CI set) a
     Chromium that cannot be had is an error, so the guard is never skipped there unseen."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tests.core.browser import Unavailable, ensure_installed
+    from tests.helpers.browser import Unavailable, ensure_installed
 
     try:
         took = ensure_installed(log=session.log)
@@ -230,7 +230,7 @@ def report_browser(session: nox.Session) -> None:
     out = Path(session.create_tmp()) / "report_browser"
     env.run("icl-exp", "reproduce", "preset=smoke", "--only", "linreg_icl,factorization", "--results",
             str(out / "results"), *session.posargs)
-    env.run("python", "-c", "import sys; from tests.core.browser import screenshot_html as s; "
+    env.run("python", "-c", "import sys; from tests.helpers.browser import screenshot_html as s; "
             "print(s(sys.argv[1], sys.argv[2]))", str(out / "results" / "report.html"), str(out / "report.png"))
     session.log(f"look at {out / 'report.png'} (and open {out / 'results' / 'report.html'})")
 
