@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers.cli import assert_one_line_error, ctrl_c_as_in_a_terminal
+from tests.helpers.cli import assert_one_line_error, ctrl_c_as_in_a_terminal, run_cli
 from tests.helpers.repo import REPO_ROOT
 
 # -- 2: did you mean ---------------------------------------------------------------------------------
@@ -195,9 +195,8 @@ def test_sweep_end_absolute_paths_and_claim_tally(icl, tmp_path, monkeypatch):
     no Hydra-logger line shows, and the tally adds up the jobs' own claims.csv."""
     import pandas as pd
 
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "markov_collapse", "-m", "preset=smoke",
-                           "seed=0,1", "hydra.sweep.dir=sweep"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "HYDRA_FULL_ERROR": "0"})
+    proc = run_cli("run", "markov_collapse", "-m", "preset=smoke", "seed=0,1", "hydra.sweep.dir=sweep", cwd=tmp_path,
+                   env={"PYTHONPATH": str(REPO_ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep = tmp_path / "sweep"
     out = proc.stdout

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
+from tests.helpers.cli import cli_command, run_cli, start_cli
 from tests.helpers.repo import REPO_ROOT
 from tests.helpers.sweeps import user_error_for_seed
 
@@ -23,13 +22,11 @@ ONE_CPU = ("hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2")  # both 
 
 
 def _cli(slurm, *args: str, env: dict | None = None, background: bool = False):
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1",
-                **(env or {}), **slurm.env}
-    cmd = [sys.executable, "-m", "cli.main", *args]
+    """`icl-exp ARGS` against the session's cluster; the launcher picks the device (cpu=False)."""
+    full_env = {"OMP_NUM_THREADS": "1", **(env or {}), **slurm.env}
     if background:
-        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=300)
+        return start_cli(*args, env=full_env, cpu=False)
+    return run_cli(*args, env=full_env, timeout=300, cpu=False)
 
 
 def _status(job_dir: Path) -> dict:
@@ -151,8 +148,8 @@ def test_gpt_wq_two_gloo_ranks_under_srun_and_torchrun_match_one_process(slurm, 
     assert single.returncode == 0, single.stderr[-3000:]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     ddp = slurm.run("srun", "--ntasks=1", "--cpus-per-task=2", "--mem=4G", "--time=10",
-                    sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                    "-m", "cli.main", "run", "gpt_wq", *args, f"hydra.run.dir={tmp_path / 'ddp'}",
+                    *cli_command("run", "gpt_wq", *args, f"hydra.run.dir={tmp_path / 'ddp'}", cpu=False,
+                                 launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")),
                     env=env, cwd=REPO_ROOT, timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     for metric in ("train_loss", "val_loss"):

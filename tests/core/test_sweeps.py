@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pandas as pd
 import pytest
 
 from experiments.core.figures import render_multirun
+from tests.helpers.cli import run_cli
 from tests.helpers.repo import REPO_ROOT
 from tests.helpers.sweeps import user_error_for_seed
 
@@ -23,9 +23,7 @@ SMALL = ("preset=smoke", "seed=0,1", "train.steps=2", "eval.grid_tasks=1")
 
 
 def _sweep(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "run", "linreg_icl", "-m", *args, *SMALL,
-                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})})
+    return run_cli("run", "linreg_icl", "-m", *args, *SMALL, f"hydra.sweep.dir={tmp_path / 'sweep'}", env=env)
 
 
 def _break_metrics_file(tmp_path: Path, job: str) -> None:

@@ -23,10 +23,11 @@ def with_cpu_device(args: Sequence[str]) -> list[str]:
     return args
 
 
-def cli_command(*args: str, launcher: Sequence[str] = ()) -> list[str]:
+def cli_command(*args: str, launcher: Sequence[str] = (), cpu: bool = True) -> list[str]:
     """The argv of `icl-exp ARGS` in this interpreter; `launcher` goes between the interpreter and the module,
-    e.g. ("-m", "torch.distributed.run", "--nproc_per_node=2") for torchrun."""
-    return [sys.executable, *launcher, "-m", "cli.main", *with_cpu_device(args)]
+    e.g. ("-m", "torch.distributed.run", "--nproc_per_node=2") for torchrun. cpu=False leaves a `run` without
+    a device its default (auto: for a GPU faked in the child, or a launcher that decides from the device)."""
+    return [sys.executable, *launcher, "-m", "cli.main", *(with_cpu_device(args) if cpu else args)]
 
 
 def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -35,17 +36,18 @@ def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_cli(*args: str, cwd: Path = REPO_ROOT, timeout: float = 600, env: dict[str, str] | None = None,
-            launcher: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    """`icl-exp ARGS...` in a fresh interpreter, to its end; output captured as text."""
-    return subprocess.run(cli_command(*args, launcher=launcher), cwd=cwd, env=cli_env(env), capture_output=True,
-                          text=True, timeout=timeout)
+            launcher: Sequence[str] = (), cpu: bool = True) -> subprocess.CompletedProcess:
+    """`icl-exp ARGS...` in a fresh interpreter, to its end; output captured as text. `env` goes on top of
+    cli_env's; `launcher` and `cpu` as in cli_command."""
+    return subprocess.run(cli_command(*args, launcher=launcher, cpu=cpu), cwd=cwd, env=cli_env(env),
+                          capture_output=True, text=True, timeout=timeout)
 
 
-def start_cli(*args: str, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None, stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE, **popen) -> subprocess.Popen:
+def start_cli(*args: str, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None, cpu: bool = True,
+              stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen) -> subprocess.Popen:
     """`icl-exp ARGS...` started in a fresh interpreter and left running (text pipes); `popen` goes to Popen."""
-    return subprocess.Popen(cli_command(*args), cwd=cwd, env=cli_env(env), stdout=stdout, stderr=stderr, text=True,
-                            **popen)
+    return subprocess.Popen(cli_command(*args, cpu=cpu), cwd=cwd, env=cli_env(env), stdout=stdout, stderr=stderr,
+                            text=True, **popen)
 
 
 def ctrl_c_as_in_a_terminal() -> None:
