@@ -2,8 +2,8 @@
 session below (one torch install, not one per session), so that afterwards
 `source .venv/bin/activate` puts `icl-exp` on the PATH.
 
-    nox -s linreg_icl   # set up, then reproduce Dherin et al. Fig. 2 at the paper's settings (offline, CPU:
-                        # 85 s on a 2-core machine at load 3, 6 min at load 10; `-- preset=cpu` about half)
+    nox -s linreg_icl   # set up, then reproduce Dherin et al. Fig. 2 at the paper's settings (offline, CPU,
+                        # minutes: docs/usage.md; `-- preset=cpu` about half)
     nox -s tests        # set up, then the test suite (what CI runs), then its numeric tests under other
                         # CPU kernel sets (ATEN_CPU_CAPABILITY=default, avx2)
     nox -s dev          # only set up (`nox -s dev -- qwen15`: and the trained 1.5B model, 1.1 GB)

@@ -54,7 +54,7 @@ def icl_inprocess():
 
 @pytest.fixture
 def one_thread():
-    """Tiny matrices: one thread is ~100x faster than two on the CI machine (see zoo/threads.py).
+    """Tiny matrices: one thread is far faster than two on a small machine (see zoo/threads.py).
     A module takes it with `pytest.mark.usefixtures("one_thread")`."""
     import torch
 

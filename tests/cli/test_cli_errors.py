@@ -1,5 +1,5 @@
 """Bad input found in the first hour of use: each gets one line, a non-zero exit, no traceback and
-no run folder (issue 12)."""
+no run folder."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Which model ran, and whether its weights are random, is said on the console; on random weights a
-failed goldwaser claim is flagged as describing those weights (issue 23, point 6)."""
+failed goldwaser claim is flagged as describing those weights."""
 
 from __future__ import annotations
 

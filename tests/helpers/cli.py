@@ -54,7 +54,7 @@ def ctrl_c_as_in_a_terminal() -> None:
     """`preexec_fn` for a child that a test sends SIGINT: SIGINT back to its default action, so that Python
     installs its KeyboardInterrupt handler there. A shell starts a background job (`bash .ci/run &`,
     `nohup`) with SIGINT ignored, every process below inherits that, and Python leaves an ignored SIGINT
-    ignored: the child would sleep through the test's Ctrl-C (seen: two tests hung until their guards)."""
+    ignored: the child would sleep through the test's Ctrl-C, and the test hang until its guard."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)

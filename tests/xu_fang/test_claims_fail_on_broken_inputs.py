@@ -1,5 +1,5 @@
-"""Each Xu & Fang claim that once held on a broken input, given that input again: it must now fail
-(issue 21), while the real input passes (or fails honestly, as the README reports)."""
+"""Each Xu & Fang claim given a broken input that a weaker check would pass: it must fail, while the real
+input passes (or fails honestly, as the README reports)."""
 
 from __future__ import annotations
 
