@@ -70,9 +70,9 @@ def test_dashed_option_names_the_override(icl, tmp_path, args, fragment):
 
 @pytest.mark.parametrize("launcher, extra", [("parallel", "joblib"), ("slurm", "slurm")])
 def test_launcher_without_its_extra_names_the_extra(icl_inprocess, tmp_path, monkeypatch, launcher, extra):
-    import cli.overrides
+    from cli.overrides import LAUNCHER_EXTRAS
 
-    monkeypatch.setattr(cli.overrides, "_plugin_installed", lambda module: False)
+    monkeypatch.setitem(sys.modules, LAUNCHER_EXTRAS[launcher][0], None)  # the plugin cannot be imported here
     proc = icl_inprocess("run", "linreg_icl", "-m", "preset=smoke", f"hydra/launcher={launcher}", "seed=0,1",
                          f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert_one_line_error(proc, f"hydra/launcher={launcher} needs the {extra} extra", f"pip install -e '.[{extra}]'")
@@ -80,10 +80,9 @@ def test_launcher_without_its_extra_names_the_extra(icl_inprocess, tmp_path, mon
 
 
 def test_launcher_with_its_extra_passes():
-    from cli.overrides import _plugin_installed, validate
+    from cli.overrides import validate
 
-    if not _plugin_installed("hydra_plugins.hydra_joblib_launcher"):
-        pytest.skip("the joblib extra is not installed here")
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="the joblib extra is not installed here")
     validate("linreg_icl", ["preset=smoke", "hydra/launcher=parallel", "seed=0,1"], multirun=True)
 
 
