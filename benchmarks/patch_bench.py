@@ -6,8 +6,8 @@ Qwen2.5-Coder 0.5B, and the real 1B shapes with random weights.
                                      [--device cpu|cuda[:K]] [--modes generate,patched,compare] [--json OUT]
                                      [--apply materialized[,action]]
 
-Targets: gemma-3-270m (issue 20) and qwen2.5-0.5b (issue 32: the same, beside it) patched generation ≤ 1.8×
-stock `generate`'s time per token and ≤ 1.2× its peak memory; the 1B shapes (issue 8) ≤ 3× and ≤ 1.5×.
+Targets: gemma-3-270m and qwen2.5-0.5b (the same, beside it) patched generation ≤ 1.8× stock `generate`'s
+time per token and ≤ 1.2× its peak memory; the 1B shapes ≤ 3× and ≤ 1.5×.
 On the CPU each mode runs in its own process; the peak RSS (VmHWM) is reset after the model is built, so it
 is the peak while generating (model included). On CUDA (`--device cuda`) the modes share one process and
 one model: the clock is read after `torch.cuda.synchronize`, and the peak memory is

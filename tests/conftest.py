@@ -1,26 +1,14 @@
-"""Shared test helpers: run the real `icl-exp` entry point in a subprocess, as a user would."""
+"""The suite's fixtures and hooks. The helpers that test files import live in tests/helpers/."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-# -- Ctrl-C in a child process ---------------------------------------------------------------------------
-def ctrl_c_as_in_a_terminal() -> None:
-    """`preexec_fn` for a child that a test sends SIGINT: SIGINT back to its default action, so that Python
-    installs its KeyboardInterrupt handler there. A shell starts a background job (`bash .ci/run &`,
-    `nohup`) with SIGINT ignored, every process below inherits that, and Python leaves an ignored SIGINT
-    ignored: the child would sleep through the test's Ctrl-C (seen: two tests hung until their guards)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+from tests.helpers.bundled import require_bundled
+from tests.helpers.cli import cli_in_process, run_cli
 
 
 # -- CPU by default --------------------------------------------------------------------------------------
@@ -52,29 +40,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=why))
 
 
-def with_cpu_device(args: tuple[str, ...]) -> list[str]:
-    """`icl-exp run NAME ...` gets device=cpu unless it names a device."""
-    args = list(args)
-    if args[:1] == ["run"] and not any(a.startswith(("device=", "+device=", "++device=")) for a in args):
-        args.append("device=cpu")
-    return args
-
-
-def run_cli(*args: str, cwd: Path = REPO_ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`icl-exp ARGS...` in a fresh interpreter (Hydra keeps global state; a subprocess is a clean slate)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "cli.main", *with_cpu_device(args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture
 def icl():
+    """`icl-exp ARGS` in a subprocess (tests/helpers/cli.py's run_cli)."""
     return run_cli
 
 
 @pytest.fixture
+def icl_inprocess():
+    """`icl-exp ARGS` in this process: fast, for the errors raised before Hydra starts a run."""
+    return cli_in_process()
+
+
+@pytest.fixture
 def one_thread():
-    """Tiny matrices: one thread is ~100x faster than two on the CI machine (see zoo/threads.py).
+    """Tiny matrices: one thread is far faster than two on a small machine (see zoo/threads.py).
     A module takes it with `pytest.mark.usefixtures("one_thread")`."""
     import torch
 
@@ -86,8 +66,8 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def smoke_runs(tmp_path_factory):
-    """The session's smoke runs, one per experiment (tests/smoke_runs.py)."""
-    from tests.smoke_runs import SmokeRuns
+    """The session's smoke runs, one per experiment (tests/helpers/smoke_runs.py)."""
+    from tests.helpers.smoke_runs import SmokeRuns
 
     return SmokeRuns(tmp_path_factory.mktemp("smoke_runs"))
 
@@ -99,36 +79,6 @@ def smoke_run(request, smoke_runs) -> Path:
 
 
 # -- the registry's trained models ---------------------------------------------------------------------
-def setup_extras() -> set[str]:
-    """The extras the set-up installs by default (noxfile.py's DEFAULT_EXTRAS, read without importing nox)."""
-    import ast
-
-    tree = ast.parse((REPO_ROOT / "noxfile.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "DEFAULT_EXTRAS" for t in node.targets):
-            return set(ast.literal_eval(node.value).split(","))
-    raise AssertionError("noxfile.py has no DEFAULT_EXTRAS")
-
-
-def require_bundled(name: str) -> None:
-    """Skip, in one line naming the extra, when the chunk packages of the bundled model `name` are not
-    installed, except in CI (CI=true) for a model of the set-up's default extras, which `nox -s tests`
-    installs, so that a skip would hide a broken set-up (an opt-in model, such as the 1.5B, skips there too)."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
-    from experiments.zoo.bundled_gguf import BUNDLED
-
-    model = BUNDLED[name]
-    try:
-        for dist, _ in model.chunks:
-            distribution(dist)
-    except PackageNotFoundError:
-        why = f"model={name} needs its chunk packages: {model.install_hint}"
-        if os.environ.get("CI", "").lower() in ("1", "true") and model.extra in setup_extras():
-            pytest.fail(why)
-        pytest.skip(why)
-
-
 @pytest.fixture(scope="session")
 def qwen32():
     """The real Qwen2.5-Coder-0.5B-Instruct in float32 (model=qwen2.5-0.5b), loaded once for the session: its

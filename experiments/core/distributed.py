@@ -75,12 +75,11 @@ def end_rank(code: int | str | None) -> None:
     group. A gloo rank can abort in finalization even after its group is destroyed ("terminate called
     without an active exception", SIGABRT; a gloo worker thread outliving the interpreter, as described
     in pytorch/pytorch#179291): the rank has done its work, but torchrun sees the signal and kills the
-    others, rank 0 while it writes figures. Measured on a 2-core machine, 4 gloo ranks with DDP and an
-    all_gather: nothing at exit 5 of 10 launches aborted; destroy alone 4 of 10; collect then destroy 6
-    of 285, the abort coming after `destroy_process_group` had returned. So the CLI, once its command is
-    over, flushes what Python would flush (log handlers, stdout, stderr) and leaves with os._exit: 0 of
-    100 launches aborted. At the end of the command, not after each run: a torchrun sweep runs its jobs
-    in one process group."""
+    others, rank 0 while it writes figures. Destroying the group at exit, or collecting then destroying it,
+    makes the abort rarer but does not end it: it can come after `destroy_process_group` has returned. So
+    the CLI, once its command is over, flushes what Python would flush (log handlers, stdout, stderr) and
+    leaves with os._exit, before finalization. At the end of the command, not after each run: a torchrun
+    sweep runs its jobs in one process group."""
     if not dist.is_initialized():
         return
     if not isinstance(code, int):  # sys.exit(None) is 0; sys.exit("message") prints it and is 1

@@ -62,8 +62,8 @@ class LinregIcl:
     """linreg_icl (§4.1–4.2, Fig. 2)."""
 
     # One intra-op thread: the model is tiny (d_model 32), so a second thread has little to split, and on a
-    # 2-core machine shared with other work torch's default of 2 threads made each training step 12x slower
-    # (1.2 s against 0.095 s, measured at load 11-15). threads=2 puts it back.
+    # 2-core machine shared with other work torch's default of 2 threads makes each training step an order
+    # of magnitude slower (docs/usage.md). threads=2 puts it back.
     threads: int | None = 1
     task: LinregTask = section(LinregTask)
     model: LinregModel = section(LinregModel)
@@ -150,8 +150,8 @@ class StackEval:
     chunk: int = 500  # prompts per forward pass (memory knob)
 
 
-# Small ops: 1 thread is as fast as 2 on an idle 2-core CPU (rnn_context cpu: 40.6 s vs 38.5 s) at 60% of the
-# CPU time, and far faster on a busy one; null = torch default. multilayer_ln's and rnn_context's default.
+# Small ops: 1 thread is as fast as 2 on an idle 2-core CPU at less CPU time, and far faster on a busy one;
+# null = torch default. multilayer_ln's and rnn_context's default.
 SMALL_OPS_THREADS = 1
 
 

@@ -57,9 +57,9 @@ TABLE1 = "Goldwaser §5 Table 1"
 CONSTRUCTION = "construction, not evidence for Thm 1"
 # where the patched weights are also run as stock weights (Patcher.stock_logits): every token, the first token
 # of every prompt, or never; `auto` is every token on a model of at most STOCK_EVERY_TOKEN_PARAMS parameters
-# (tiny-gemma3: 1 ms against a 13 ms patched pass) and the first token otherwise (Gemma 3 270M, idle-ish
-# 2-core CPU: 366 ms against 299 ms for the patched pass, since it copies the patched tensors in and out and
-# runs the 262k-row LM head again: +70 % a token)
+# (there the stock pass is small beside the patched one) and the first token otherwise (on Gemma 3 270M it
+# costs more than the patched pass itself: it copies the patched tensors in and out and runs the 262k-row
+# LM head again)
 STOCK_CHECK = {StockCheck.first: lambda step: step == 0, StockCheck.all: lambda step: True,
                StockCheck.none: lambda step: False}
 STOCK_EVERY_TOKEN_PARAMS = 50_000_000

@@ -29,7 +29,7 @@ def linear_recurrence(innovations: Tensor, rho: float) -> Tensor:
 
     A Markov chain is sequential in time, so this steps through time in place on a time-major copy:
     each step touches one (streams, d) slab. (A log-depth doubling scan does the same in log2(T)
-    passes but each pass streams the whole tensor through memory; it measured ~20x slower here.)"""
+    passes but each pass streams the whole tensor through memory, which makes it far slower.)"""
     steps = innovations.movedim(-2, 0).contiguous()
     for t in range(1, steps.shape[0]):
         steps[t].add_(steps[t - 1], alpha=rho)

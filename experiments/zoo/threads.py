@@ -14,7 +14,7 @@ SMALL_MODEL_PARAMS = 50_000_000
 @contextmanager
 def threads_for(model: nn.Module) -> Iterator[None]:
     """One CPU thread for small models: on them a parallel region costs more than the work (a 64-wide
-    matmul measured 20 ms with 2 threads against 0.02 ms with 1 on the 2-core CI machine)."""
+    matmul is orders of magnitude slower with 2 threads than with 1 on a 2-core machine)."""
     n_params = sum(p.numel() for p in model.parameters())
     before = torch.get_num_threads()
     if n_params < SMALL_MODEL_PARAMS and next(model.parameters()).device.type == "cpu":

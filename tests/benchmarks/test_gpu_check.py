@@ -143,9 +143,9 @@ class _Session:
 
 
 def test_nox_gpu_session_stops_in_one_line_without_cuda(monkeypatch):
-    from tests.core.test_setup import _noxfile
+    from tests.helpers.repo import import_noxfile
 
-    nf = _noxfile(monkeypatch)
+    nf = import_noxfile(monkeypatch)
     monkeypatch.setattr(nf.shutil, "which", lambda name: sys.executable)  # the box's python3: this one
     session = _Session()
     with pytest.raises(_Stopped) as stopped:

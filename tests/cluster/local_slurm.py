@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.apt import Unavailable, apt_install
+from tests.helpers.apt import Unavailable, apt_install
 
 CONF_TEMPLATE = Path(__file__).with_name("slurm.conf")
 PROGRAMS = ("sbatch", "squeue", "scancel", "srun", "sinfo", "slurmctld", "slurmd", "munged")

@@ -8,28 +8,25 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from tests.conftest import REPO_ROOT
-from tests.core.test_sweeps import _user_error_for_seed
+from tests.helpers.cli import cli_command, run_cli, start_cli
+from tests.helpers.repo import REPO_ROOT
+from tests.helpers.sweeps import user_error_for_seed
 
 SMALL = ("preset=smoke", "train.steps=2", "eval.grid_tasks=1")
 ONE_CPU = ("hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2")  # both jobs at once on a 2-core node
 
 
 def _cli(slurm, *args: str, env: dict | None = None, background: bool = False):
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1",
-                **(env or {}), **slurm.env}
-    cmd = [sys.executable, "-m", "cli.main", *args]
+    """`icl-exp ARGS` against the session's cluster; the launcher picks the device (cpu=False)."""
+    full_env = {"OMP_NUM_THREADS": "1", **(env or {}), **slurm.env}
     if background:
-        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=300)
+        return start_cli(*args, env=full_env, cpu=False)
+    return run_cli(*args, env=full_env, timeout=300, cpu=False)
 
 
 def _status(job_dir: Path) -> dict:
@@ -57,7 +54,7 @@ def test_a_two_job_sweep_completes_without_asking_for_a_gpu(slurm, tmp_path):
 def test_a_failing_job_is_marked_failed_and_its_sibling_completes(slurm, tmp_path):
     sweep = tmp_path / "sweep"
     proc = _cli(slurm, "run", "linreg_icl", "-m", "hydra/launcher=slurm", *SMALL, *ONE_CPU, "seed=0,1",
-                f"hydra.sweep.dir={sweep}", env=_user_error_for_seed(tmp_path, 1))
+                f"hydra.sweep.dir={sweep}", env=user_error_for_seed(tmp_path, 1))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert _status(sweep / "0")["status"] == "complete"
@@ -74,7 +71,7 @@ def test_a_sweep_with_a_failed_job_resumes_that_job_alone_on_slurm(slurm, tmp_pa
     """`icl-exp resume`: the failed job runs again through SLURM in its own folder, the complete one stays."""
     sweep = tmp_path / "sweep"
     proc = _cli(slurm, "run", "linreg_icl", "-m", "hydra/launcher=slurm", *SMALL, *ONE_CPU, "seed=0,1",
-                f"hydra.sweep.dir={sweep}", env=_user_error_for_seed(tmp_path, 1))
+                f"hydra.sweep.dir={sweep}", env=user_error_for_seed(tmp_path, 1))
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
     kept = _status(sweep / "0")
     submitted = set((sweep / ".submitit").iterdir())
@@ -151,8 +148,8 @@ def test_gpt_wq_two_gloo_ranks_under_srun_and_torchrun_match_one_process(slurm, 
     assert single.returncode == 0, single.stderr[-3000:]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     ddp = slurm.run("srun", "--ntasks=1", "--cpus-per-task=2", "--mem=4G", "--time=10",
-                    sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                    "-m", "cli.main", "run", "gpt_wq", *args, f"hydra.run.dir={tmp_path / 'ddp'}",
+                    *cli_command("run", "gpt_wq", *args, f"hydra.run.dir={tmp_path / 'ddp'}", cpu=False,
+                                 launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")),
                     env=env, cwd=REPO_ROOT, timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     for metric in ("train_loss", "val_loss"):

@@ -76,7 +76,7 @@ def test_every_model_save_goes_through_the_umask_helper():
     """No experiment calls a model's save_pretrained directly (it would write 0600 safetensors)."""
     import re
 
-    from tests.conftest import REPO_ROOT
+    from tests.helpers.repo import REPO_ROOT
 
     offenders = []
     for path in (REPO_ROOT / "experiments").rglob("*.py"):

@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.core.registry import CONF_DIR, experiment_names
-from tests.in_process import compose_config
+from tests.helpers.in_process import compose_config
 
 SNAPSHOTS = Path(__file__).parent / "cfg_snapshots"
 PRESETS = sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml"))

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.core.registry import CONF_DIR, experiment_names
-from tests.in_process import compose_config
+from tests.helpers.in_process import compose_config
 
 
 def paper_config(name: str):

@@ -19,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.cli import run_cli
+from tests.helpers.repo import REPO_ROOT
 
 DESIGN = REPO_ROOT / "docs" / "design.md"
 HEADING = re.compile(r"^### Recipe: (?P<what>.+?) — (?P<count>\d+) files \(example: (?P<example>[\w.-]+)\)$", re.M)
@@ -285,8 +286,9 @@ def test_following_the_experiment_recipe_gives_a_run_that_keeps_the_contract(tmp
     claims = pd.read_csv(run_dir / "claims.csv")
     assert list(claims["id"]) == ["xu_fang.recipe.mean_variance"] and claims["passed"].all()
     assert len(pd.read_csv(run_dir / "metrics.csv")) == 4 and (run_dir / "figures" / f"{NAME}.png").is_file()
-    listed = subprocess.run([sys.executable, "-m", "cli.main", "list"], cwd=repo, env=_env(repo), capture_output=True,
-                            text=True, check=True).stdout
+    listed = run_cli("list", cwd=repo, env=_env(repo))
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    listed = listed.stdout
     assert re.search(rf"^{NAME}\s+Xu & Fang", listed, re.M)  # the registry found it: no list to add it to
     assert not (REPO_ROOT / "experiments" / PAPER / f"{NAME}.py").exists()  # the real tree was never touched
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,7 +13,8 @@ import torch
 
 from experiments.core import distributed
 from experiments.core.errors import UserError
-from tests.conftest import REPO_ROOT, run_cli, with_cpu_device
+from tests.helpers.cli import run_cli, with_cpu_device
+from tests.helpers.repo import REPO_ROOT
 
 
 def test_the_suite_hides_cuda_from_itself_and_every_process_it_starts():
@@ -100,12 +99,10 @@ def test_the_cli_refuses_more_ranks_than_gpus_before_making_a_folder(tmp_path):
         torch.cuda.is_available = lambda: True
         torch.cuda.device_count = lambda: 1
     """))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), str(REPO_ROOT)]),
-           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "HYDRA_FULL_ERROR": "0"}
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), str(REPO_ROOT)]),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "linreg_icl", "preset=smoke", "device=auto",
-                           f"hydra.run.dir={out}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_cli("run", "linreg_icl", "preset=smoke", "device=auto", f"hydra.run.dir={out}", env=env, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--nproc_per_node=1" in lines[0], proc.stderr

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 RANK_SCRIPT = """
 import torch, torch.distributed as dist
@@ -64,10 +64,10 @@ def _env():
 
 @pytest.mark.parametrize("launches", [1, pytest.param(6, marks=pytest.mark.slow)])
 def test_gloo_ranks_exit_cleanly_after_their_collectives(tmp_path, launches):
-    # Measured on a 2-core machine: with the group collected and destroyed at exit (the atexit step
-    # alone), 6 of 285 launches aborted, so six launches catch a lost end_rank about once in ten (-m slow;
-    # 6 s a launch). The default suite launches once; what end_rank does (leave past finalization with the
-    # exit code, stdout flushed) is checked deterministically below.
+    # With the group collected and destroyed at exit (the atexit step alone) a launch aborts only rarely, so
+    # even six launches (-m slow) catch a lost end_rank only now and then. The default suite launches once;
+    # what end_rank does (leave past finalization with the exit code, stdout flushed) is checked
+    # deterministically below.
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     for launch in range(launches):

@@ -7,13 +7,12 @@ torchrun with more ranks than GPUs: tests/core/test_device_guards.py."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.cli import run_cli
+from tests.helpers.repo import REPO_ROOT
 
 FAKE = textwrap.dedent("""
     import os
@@ -43,10 +42,9 @@ FAKE = textwrap.dedent("""
 def icl_on_fake_gpu(tmp_path, *args, card="NVIDIA H100 80GB HBM3", cc="9.0", total=80 << 30, env=None):
     (tmp_path / "inject").mkdir(exist_ok=True)
     (tmp_path / "inject" / "sitecustomize.py").write_text(FAKE)
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), str(REPO_ROOT)]),
-               "HYDRA_FULL_ERROR": "0", "FAKE_NAME": card, "FAKE_CC": cc, "FAKE_TOTAL": str(total), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "cli.main", "run", *args], cwd=REPO_ROOT, env=environ,
-                          capture_output=True, text=True, timeout=300)
+    environ = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), str(REPO_ROOT)]),
+               "FAKE_NAME": card, "FAKE_CC": cc, "FAKE_TOTAL": str(total), **(env or {})}
+    return run_cli("run", *args, env=environ, timeout=300, cpu=False)  # device=auto sees the fake
 
 
 def one_line_refusal(proc, run_dir, *needles) -> None:
@@ -101,10 +99,8 @@ def test_float64_on_a_card_with_slow_float64_warns_once(tmp_path):
 def test_compile_true_without_a_c_compiler_is_one_line(tmp_path, value, needles):
     run_dir = tmp_path / "run"
     env = {"PATH": str(tmp_path / "no-compilers"), "CC": "", "CXX": ""}  # no gcc, no clang
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "gpt_wq", "preset=smoke", "device=cpu",
-                           f"train.compile={value}", f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "0", **env}, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_cli("run", "gpt_wq", "preset=smoke", "device=cpu", f"train.compile={value}",
+                   f"hydra.run.dir={run_dir}", env=env, timeout=300)
     one_line_refusal(proc, run_dir, *needles)
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from experiments.core.errors import UserError
-from tests.conftest import REPO_ROOT
+from tests.helpers.cli import run_cli
+from tests.helpers.repo import REPO_ROOT
 
 pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="the joblib extra: pip install -e '.[joblib]'")
 
@@ -30,11 +30,10 @@ def _sweep(tmp_path: Path, gpus: int, expect: int, *args: str) -> subprocess.Com
     """`icl-exp run linreg_icl -m hydra/launcher=parallel ARGS` with `gpus` fake GPUs (0: none) and the probe."""
     probe = tmp_path / "probe"
     probe.mkdir()
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": os.pathsep.join([str(FAKES), str(REPO_ROOT)]),
-           "ICL_EXP_FAKE_GPUS": str(gpus), "ICL_EXP_PROBE": str(probe), "ICL_EXP_PROBE_EXPECT": str(expect)}
-    return subprocess.run([sys.executable, "-m", "cli.main", "run", "linreg_icl", "-m", "hydra/launcher=parallel",
-                           "preset=smoke", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {"PYTHONPATH": os.pathsep.join([str(FAKES), str(REPO_ROOT)]), "ICL_EXP_FAKE_GPUS": str(gpus),
+           "ICL_EXP_PROBE": str(probe), "ICL_EXP_PROBE_EXPECT": str(expect)}
+    return run_cli("run", "linreg_icl", "-m", "hydra/launcher=parallel", "preset=smoke", *args,
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", env=env, cpu=False)  # device=auto sees the fakes
 
 
 def _jobs(tmp_path: Path, n: int) -> list[tuple[dict, dict]]:
@@ -170,10 +169,8 @@ def test_the_parallel_launcher_is_refused_under_torchrun(monkeypatch):
 def test_a_real_sweep_on_the_gpus_here_puts_job_k_on_gpu_k_mod_n(tmp_path):
     """On a GPU machine (pytest -m gpu): the real experiment, no fakes, each job on its own GPU."""
     sweep = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "linreg_icl", "-m", "hydra/launcher=parallel",
-                           "preset=smoke", "seed=0,1,2", "train.steps=2", "eval.grid_tasks=1", "device=cuda",
-                           f"hydra.sweep.dir={sweep}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    proc = run_cli("run", "linreg_icl", "-m", "hydra/launcher=parallel", "preset=smoke", "seed=0,1,2",
+                   "train.steps=2", "eval.grid_tasks=1", "device=cuda", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = torch.cuda.device_count()
     for k in range(3):

@@ -5,17 +5,15 @@ run waits there for the signal), never after a sleep, so it holds on a fast mach
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 
 import pytest
 
 from experiments.core import progress
-from tests.conftest import REPO_ROOT, ctrl_c_as_in_a_terminal
-from tests.in_process import compose
+from tests.helpers.cli import ctrl_c_as_in_a_terminal, start_cli
+from tests.helpers.in_process import compose
 
 # linreg_icl at preset=smoke, as small as the phases allow: two training steps, one grid task
 OVERRIDES = ("train.steps=2", "eval.grid_tasks=1")
@@ -73,11 +71,8 @@ def test_an_interrupt_in_each_phase_says_where_it_stopped(tmp_path, monkeypatch,
 def _interrupt_cli(run_dir, where: str, sig: signal.Signals) -> tuple[subprocess.CompletedProcess, str]:
     """`icl-exp run linreg_icl preset=smoke ...` paused at `where`: the signal is sent once the run says
     it is there. Returns the process (its stderr without the pause line) and the pause line."""
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "linreg_icl", "preset=smoke", *OVERRIDES,
-                             "device=cpu", f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "HYDRA_FULL_ERROR": "0", progress.PAUSE_ENV: where},
-                            preexec_fn=ctrl_c_as_in_a_terminal)
+    proc = start_cli("run", "linreg_icl", "preset=smoke", *OVERRIDES, "device=cpu", f"hydra.run.dir={run_dir}",
+                     env={progress.PAUSE_ENV: where}, stdout=subprocess.DEVNULL, preexec_fn=ctrl_c_as_in_a_terminal)
     guard = threading.Timer(600, proc.kill)  # only against a hang: the test itself waits on the pause line
     guard.start()
     try:

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 PAGE = REPO_ROOT / "docs" / "python.md"
 pytestmark = pytest.mark.numeric

@@ -3,7 +3,7 @@ folder"): metrics.csv (tidy), claims.csv (ided, judged by its own comparison, no
 description), run.json (status, provenance), drawn figures as PNG and PDF that re-render from the CSVs alone.
 
 One test, parametrized over the registry, so a new experiment is checked without a line added here;
-its run is the session's shared smoke run (tests/smoke_runs.py), which its own tests read as well.
+its run is the session's shared smoke run (tests/helpers/smoke_runs.py), which its own tests read as well.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from experiments.core import registry
 from experiments.core.results import CLAIM_COLUMNS
 from experiments.zoo.loading import model_label
-from tests.dherin.figure_checks import assert_drawn
+from tests.helpers.figures import assert_drawn
 
 TIDY = ["experiment", "run_id", "metric", "value"]
 # Claim ids are stable and named by their paper (`dherin.fig2.patch_equals_context`); an extension beyond

@@ -13,7 +13,7 @@ import torch
 
 from cli.show import tables
 from experiments.core.samples import SAMPLES_FILE, read_samples, reply_sample, token_sample
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 class _Tokenizer:

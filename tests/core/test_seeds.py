@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
 from experiments.core.seeds import aggregate_claims, interval95, seeds_only
-from tests.conftest import REPO_ROOT
+from tests.helpers.cli import run_cli
 
 
 def _rows(measured: list[float], passed: list[bool]) -> pd.DataFrame:
@@ -51,9 +48,7 @@ def test_only_jobs_that_differ_by_seed_alone_are_seeds():
 def seed_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("seeds")
     sweep = root / "cov_rate" / "multirun" / "s"
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "cov_rate", "-m", "preset=smoke", "seed=0,1,2",
-                           f"hydra.sweep.dir={sweep}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    proc = run_cli("run", "cov_rate", "-m", "preset=smoke", "seed=0,1,2", f"hydra.sweep.dir={sweep}")
     assert (sweep / "claims.csv").is_file(), (proc.stdout + proc.stderr)[-3000:]
     return root, sweep
 
@@ -76,8 +71,7 @@ def test_a_seed_sweep_combines_its_claims_one_row_each(seed_sweep):
 def test_the_report_and_results_page_show_one_row_per_claim_over_seeds(seed_sweep, tmp_path):
     root, sweep = seed_sweep
     page = tmp_path / "docs" / "results.md"
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "report", str(root), "--out", str(tmp_path),
-                           "--results-md", str(page)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    proc = run_cli("report", str(root), "--out", str(tmp_path), "--results-md", str(page), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     combined = pd.read_csv(sweep / "claims.csv")
     for text in ((tmp_path / "report.md").read_text(), page.read_text()):

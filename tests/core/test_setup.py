@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT, import_noxfile
 
 
 def _sessions() -> dict[str, ast.FunctionDef]:
@@ -55,23 +55,6 @@ def test_ci_runs_the_readme_test_session():
 
 # -- install_torch, run with a stand-in for nox and for the .venv (nothing is installed) -------------------
 
-def _noxfile(monkeypatch):
-    """noxfile.py imported with a stub `nox` (nox itself lives outside .venv)."""
-    import importlib.util
-    import sys
-    import types
-
-    stub = types.ModuleType("nox")
-    stub.options = types.SimpleNamespace()
-    stub.Session = object
-    stub.session = lambda *a, **k: a[0] if a and callable(a[0]) else (lambda f: f)
-    monkeypatch.setitem(sys.modules, "nox", stub)
-    spec = importlib.util.spec_from_file_location("noxfile_under_test", REPO_ROOT / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 class _Refused(Exception):
     pass
 
@@ -106,7 +89,7 @@ def _machine(monkeypatch, nox_module, gpu: bool, local_wheel: bool = False, driv
 
 
 def test_cpu_torch_comes_alone_from_the_cpu_index_and_the_rest_from_the_users_index(monkeypatch):
-    nf = _noxfile(monkeypatch)
+    nf = import_noxfile(monkeypatch)
     _machine(monkeypatch, nf, gpu=False)
     env = _FakeEnv(has_torch=False, cuda=False)
     nf.install_torch(env)
@@ -117,7 +100,7 @@ def test_cpu_torch_comes_alone_from_the_cpu_index_and_the_rest_from_the_users_in
 
 
 def test_a_gpu_machine_refuses_a_torch_that_cannot_use_the_gpu_with_the_fix_in_one_line(monkeypatch):
-    nf = _noxfile(monkeypatch)
+    nf = import_noxfile(monkeypatch)
     _machine(monkeypatch, nf, gpu=True)
     env = _FakeEnv(has_torch=True, cuda=False)  # a +cpu torch kept in .venv from before
     try:
@@ -132,7 +115,7 @@ def test_a_gpu_machine_refuses_a_torch_that_cannot_use_the_gpu_with_the_fix_in_o
 
 
 def test_a_gpu_machine_with_a_working_cuda_torch_installs_the_default_build_and_passes(monkeypatch):
-    nf = _noxfile(monkeypatch)
+    nf = import_noxfile(monkeypatch)
     _machine(monkeypatch, nf, gpu=True)
     env = _FakeEnv(has_torch=False, cuda=True)
     nf.install_torch(env)

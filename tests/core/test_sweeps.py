@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,42 +14,22 @@ import pandas as pd
 import pytest
 
 from experiments.core.figures import render_multirun
-from tests.conftest import REPO_ROOT
+from tests.helpers.cli import run_cli
+from tests.helpers.repo import REPO_ROOT
+from tests.helpers.sweeps import user_error_for_seed
 
 FIGURE = "fig2_linreg_icl"
 SMALL = ("preset=smoke", "seed=0,1", "train.steps=2", "eval.grid_tasks=1")
 
 
 def _sweep(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "run", "linreg_icl", "-m", *args, *SMALL,
-                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})})
+    return run_cli("run", "linreg_icl", "-m", *args, *SMALL, f"hydra.sweep.dir={tmp_path / 'sweep'}", env=env)
 
 
 def _break_metrics_file(tmp_path: Path, job: str) -> None:
     """A folder where the job's metrics.csv should go: that job fails at run time (IsADirectoryError),
     as a run does on a full or broken disk; its siblings are untouched."""
     (tmp_path / "sweep" / job / "metrics.csv").mkdir(parents=True)
-
-
-def _user_error_for_seed(tmp_path: Path, seed: int) -> dict:
-    """A job that raises UserError at run time (after its run folder exists), in this process and in
-    joblib's worker processes alike: a sitecustomize on PYTHONPATH wraps seed_everything."""
-    (tmp_path / "inject").mkdir()
-    (tmp_path / "inject" / "sitecustomize.py").write_text(textwrap.dedent(f"""
-        import experiments.core.runtime as runtime
-        from experiments.core.errors import UserError
-
-        _seed_everything = runtime.seed_everything
-
-        def seed_everything(seed):
-            if seed == {seed}:
-                raise UserError("deliberate failure for seed {seed}")
-            return _seed_everything(seed)
-
-        runtime.seed_everything = seed_everything
-    """))
-    return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), str(REPO_ROOT)])}
 
 
 def _status(tmp_path: Path, job: str) -> dict:
@@ -81,14 +60,14 @@ def test_basic_launcher_runs_the_jobs_after_a_failing_one(tmp_path):
 
 
 def test_basic_launcher_goes_on_after_a_user_error_at_run_time(tmp_path):
-    proc = _sweep(tmp_path, env=_user_error_for_seed(tmp_path, 0))
+    proc = _sweep(tmp_path, env=user_error_for_seed(tmp_path, 0))
     _assert_survived(proc, tmp_path, "0", "deliberate failure for seed 0")
 
 
 def test_parallel_launcher_keeps_the_healthy_sibling(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     """`hydra/launcher=parallel` (conf/hydra/launcher/parallel.yaml): the two jobs in two processes."""
-    proc = _sweep(tmp_path, "hydra/launcher=parallel", env=_user_error_for_seed(tmp_path, 1))
+    proc = _sweep(tmp_path, "hydra/launcher=parallel", env=user_error_for_seed(tmp_path, 1))
     _assert_survived(proc, tmp_path, "1", "deliberate failure for seed 1")
     assert "Joblib.Parallel(n_jobs=2" in proc.stderr + proc.stdout
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from experiments.core.trackers import TrackerCallback, series_name
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 def test_a_row_is_named_by_its_metric_and_index_but_its_step():

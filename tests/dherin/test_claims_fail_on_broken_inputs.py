@@ -1,5 +1,5 @@
-"""Each Dherin claim that once held on a broken input, given that input again: it must now fail
-(issue 21). The real input is checked where the smoke preset can show it; elsewhere check_claims is
+"""Each Dherin claim given a broken input that a weaker check would pass: it must fail. The real input is
+checked where the smoke preset can show it; elsewhere check_claims is
 fed synthetic curves that do and do not show the effect."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments.core.results import RunContext
-from tests.in_process import run_claims
+from tests.helpers.in_process import run_claims
 
 
 def _ctx(tmp_path) -> RunContext:
@@ -17,9 +17,9 @@ def _ctx(tmp_path) -> RunContext:
 
 
 def test_dw_prediction_claim_fails_when_a_is_noise(tmp_path, monkeypatch):
-    """A(C_i, x) replaced by Gaussian noise × 5: ΔW is then built from the wrong outputs. Both sides of the
-    claim used to come from that same A and agreed (7.2e-7); now the context side is the model's own
-    forward pass on [C_i, x_test], and the claim fails."""
+    """A(C_i, x) replaced by Gaussian noise × 5: ΔW is then built from the wrong outputs. Were both sides of
+    the claim computed from that same A they would agree however wrong A is; the context side is the model's
+    own forward pass on [C_i, x_test], so the claim fails."""
     from experiments.dherin import finetune_compare as fc
 
     real = fc.prefix_contextual_outputs

@@ -20,7 +20,7 @@ from experiments.dherin.dynamics import (
 from experiments.dherin.models.linreg import attention_block
 
 FIGURE = "fig3_dw_convergence"
-EXPERIMENT = "dw_convergence"  # the shared smoke run, with seed=3 (tests/smoke_runs.py)
+EXPERIMENT = "dw_convergence"  # the shared smoke run, with seed=3 (tests/helpers/smoke_runs.py)
 N, TASKS = 20, 12  # the smoke preset's context length and task count
 
 

@@ -11,7 +11,7 @@ from experiments.dherin.factorization import factorization_errors, reversed_prod
 from experiments.dherin.models.linreg import attention_block
 
 FIGURE = "figE_factorization"
-EXPERIMENT = "factorization"  # the shared smoke run (tests/smoke_runs.py)
+EXPERIMENT = "factorization"  # the shared smoke run (tests/helpers/smoke_runs.py)
 N, TASKS = 20, 12  # the smoke preset's context length and task count
 
 

@@ -16,7 +16,7 @@ from experiments.dherin.finetune_compare import (
 from experiments.dherin.models.linreg import MLP
 
 FIGURE = "fig4_finetune_compare"
-EXPERIMENT = "finetune_compare"  # the shared smoke run (tests/smoke_runs.py)
+EXPERIMENT = "finetune_compare"  # the shared smoke run (tests/helpers/smoke_runs.py)
 M, TRIALS = 20, 12  # the smoke preset's context length and trial count
 SERIES = ("gd_test_loss", "dw_test_loss", "cos_dw_ft", "cos_random_rank1_ft", "cos_other_task_dw_ft",
           "cos_dw_step_ft_step", "rank1_ceiling_ft")

@@ -9,7 +9,7 @@ import yaml
 from experiments.core.results import CLAIM_COLUMNS
 
 FIGURE = "fig2_linreg_icl"
-EXPERIMENT = "linreg_icl"  # the shared smoke run, with seed=3 (tests/smoke_runs.py)
+EXPERIMENT = "linreg_icl"  # the shared smoke run, with seed=3 (tests/helpers/smoke_runs.py)
 
 
 def test_the_run_records_its_seed_and_the_smoke_preset(smoke_run):

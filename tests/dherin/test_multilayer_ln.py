@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 
 from experiments.core.results import CLAIM_COLUMNS
-from tests.in_process import refusal
+from tests.helpers.in_process import refusal
 
 FIGURE = "fig5_multilayer_ln"
-EXPERIMENT = "multilayer_ln"  # the shared smoke run (tests/smoke_runs.py)
+EXPERIMENT = "multilayer_ln"  # the shared smoke run (tests/helpers/smoke_runs.py)
 SOURCE = "Dherin App. C.1 Fig 5"
 
 

@@ -11,10 +11,10 @@ from experiments.dherin.dynamics import prefix_patches
 from experiments.dherin.models.linreg import predict
 from experiments.dherin.models.rnn import rnn_block
 from experiments.dherin.patched_forward import forward_with, patched_params, predictions_three_ways, supports_vmap
-from tests.in_process import refusal
+from tests.helpers.in_process import refusal
 
 FIGURE = "fig6_rnn_context"
-EXPERIMENT = "rnn_context"  # the shared smoke run (tests/smoke_runs.py)
+EXPERIMENT = "rnn_context"  # the shared smoke run (tests/helpers/smoke_runs.py)
 SOURCE = "Dherin App. D.1 Fig 6"
 
 

@@ -11,7 +11,7 @@ from experiments.core.report.markdown import render_markdown
 from experiments.core.report.page import render_html
 from experiments.core.report.results_page import render_results_page
 from experiments.core.report.text import CONSTRUCTION_NOTE, is_construction
-from tests.in_process import run_claims
+from tests.helpers.in_process import run_claims
 
 PROMPT = "prompt=Write a haiku about snow."
 RECORD = "goldwaser.record."  # the with-context pass against an uncached forward: the same in every variant

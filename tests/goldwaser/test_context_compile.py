@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 PROMPT = "prompt=Tell me a story about a fox."
-EXPERIMENT = "context_compile"  # the shared smoke run (tests/smoke_runs.py)
+EXPERIMENT = "context_compile"  # the shared smoke run (tests/helpers/smoke_runs.py)
 
 
 def _reloaded_agreement(folder, dtype=torch.float32) -> tuple[float, float, list[int]]:

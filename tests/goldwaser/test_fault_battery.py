@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from experiments.core.report.text import is_construction
-from tests.in_process import run_claims
+from tests.helpers.in_process import run_claims
 
 PROMPT = "Write a haiku about snow."
 # the runs, each an experiment and its overrides (smoke preset, tiny-llama: Table 1's matrix rule, Thm 9)
@@ -227,7 +227,7 @@ def test_the_catch_table(battery, capsys):
 def test_on_trained_weights_the_faults_fail_the_evidence_claims(tmp_path, fault):
     """The trained Qwen2.5-0.5B (Thm 9: the open loop holds there): the honest run passes its evidence claims,
     the same run with the ΔW fault fails one (ΔW × (1 + 1e-3): its rounding claim, 1e-4)."""
-    from tests.conftest import require_bundled
+    from tests.helpers.bundled import require_bundled
 
     require_bundled("qwen2.5-0.5b")
     args = ("model=qwen2.5-0.5b", "dtype=float32", "variant=naive", "max_new_tokens=2", "stock_check=none",

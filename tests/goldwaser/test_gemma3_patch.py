@@ -19,7 +19,7 @@ from experiments.patching.patcher import Patcher
 from experiments.patching.rank1 import rank1_update
 from experiments.patching.rules.scale import scale_input
 from experiments.patching.variants import VARIANTS
-from tests.gemma_fixtures import prompt_inputs, state_snapshot, tiny
+from tests.helpers.gemma import prompt_inputs, state_snapshot, tiny
 
 # rounding-level bounds: CI runs them again under another CPU kernel set; one thread (tests/conftest.py)
 pytestmark = [pytest.mark.numeric, pytest.mark.usefixtures("one_thread")]

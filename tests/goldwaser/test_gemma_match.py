@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pandas as pd
 
 from experiments.goldwaser.gemma_match import plot
-from tests.conftest import REPO_ROOT
+from tests.helpers.cli import OFFLINE, run_cli
 
 
-def _cli(*args: str, offline: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1" if offline else "0"}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return run_cli(*args, env=OFFLINE)
 
 
 def test_smoke_run_writes_metrics_claims_and_figures(tmp_path):
@@ -105,7 +101,7 @@ def test_unloadable_hub_id_names_the_fixes_and_leaves_no_run_folder(tmp_path, mo
     """One line with the fixes, no run folder, and the hub asked once (its probe, no retry loop): counted, not
     timed, so the test holds on a slow machine."""
     from experiments.zoo import loading
-    from tests.in_process import refusal
+    from tests.helpers.in_process import refusal
 
     probes = []
     monkeypatch.setattr(loading, "hub_reachable", lambda timeout=3.0: probes.append(timeout) or False)
@@ -116,7 +112,7 @@ def test_unloadable_hub_id_names_the_fixes_and_leaves_no_run_folder(tmp_path, mo
 
 
 def test_image_with_a_text_only_model_and_stable_on_llama_fail_before_the_run_folder(tmp_path):
-    from tests.in_process import refusal
+    from tests.helpers.in_process import refusal
 
     assert "needs a multimodal Gemma 3" in refusal("gemma_match", tmp_path / "a", "image=synthetic")
     assert "needs a post-MLP norm, which Llama does not have" in refusal("patch_match", tmp_path / "b",

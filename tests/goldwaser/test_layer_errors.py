@@ -17,10 +17,10 @@ from torch import nn
 from experiments.core.results import RunContext
 from experiments.goldwaser.layer_errors_claims import check_claims, growth_beyond_accumulation, growth_per_layer
 from experiments.goldwaser.layer_gain import gain, layer_calls, one_ulp_sensitivity, random_direction
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 VARIANTS = ("naive", "closed_loop_scale", "closed_loop")
-EXPERIMENT = "layer_errors"  # the shared smoke run (tests/smoke_runs.py)
+EXPERIMENT = "layer_errors"  # the shared smoke run (tests/helpers/smoke_runs.py)
 
 
 def test_smoke_run_writes_per_layer_metrics_claims_and_figure(smoke_run):

@@ -1,5 +1,5 @@
 """Which model ran, and whether its weights are random, is said on the console; on random weights a
-failed goldwaser claim is flagged as describing those weights (issue 23, point 6)."""
+failed goldwaser claim is flagged as describing those weights."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_no_flag_when_the_claims_pass_or_the_weights_are_trained(tmp_path):
 
 
 def test_a_run_names_its_model_and_ends_with_the_note(tmp_path, caplog):
-    from tests.in_process import run_claims
+    from tests.helpers.in_process import run_claims
 
     with caplog.at_level(logging.INFO):
         claims = run_claims("gemma_match", tmp_path)

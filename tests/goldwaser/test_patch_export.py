@@ -5,15 +5,13 @@ for every architecture."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from experiments.patching.arch import TINY_MODELS
-from tests.conftest import REPO_ROOT
+from tests.helpers.cli import OFFLINE, run_cli
 
 
 def changed_parameters(model: str, variant: str) -> set[str]:
@@ -30,9 +28,8 @@ CASES = [("tiny-gemma3", "naive"), ("tiny-gemma3", "stable"), *((name, "closed_l
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "cli.main", "patch", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    """`icl-exp patch ARGS`, offline."""
+    return run_cli("patch", *args, env=OFFLINE)
 
 
 FAST = {("tiny-gemma3", "stable"), ("tiny-llama", "closed_loop")}  # the rest: @slow (a subprocess each)
@@ -97,7 +94,7 @@ def test_export_control_fails_when_the_checkpoint_is_not_patched(tmp_path, monke
     import shutil
 
     from experiments.patching import export
-    from tests.in_process import run_claims
+    from tests.helpers.in_process import run_claims
 
     args = ("model=tiny-llama", "variant=closed_loop", f"dtype={dtype}", "prompt=Write a haiku about snow.")
     claim = "goldwaser.construction.export.control_differs"  # a closed loop's export is a construction
@@ -118,7 +115,7 @@ def test_export_control_fails_when_the_checkpoint_is_not_patched(tmp_path, monke
 def test_a_closed_loop_export_is_a_construction_with_its_control_and_per_layer_claims(tmp_path):
     """A closed loop's export gets construction ids only, its last-layer control (the same logits) and the
     per-layer error against the record that tells the two apart; an open loop's export keeps the evidence ids."""
-    from tests.in_process import run_claims
+    from tests.helpers.in_process import run_claims
 
     closed = run_claims("patch_export", tmp_path / "closed", "model=tiny-llama", "variant=closed_loop",
                         "dtype=float64", "prompt=Write a haiku about snow.")

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
-EXPERIMENT = "system_compile"  # the shared smoke run (tests/smoke_runs.py)
+EXPERIMENT = "system_compile"  # the shared smoke run (tests/helpers/smoke_runs.py)
 SYSTEM = ("system=Begin every answer with the word 'Ahoy'.", "check=starts_with:Ahoy")
 TINY = ("model=tiny-llama", "queries=[Hi?,Why?,How so?,What now?]", "heldout=2", "max_new_tokens=5",
         "rank=2", "steps=3", "batch=2")
@@ -71,7 +71,7 @@ def test_a_budget_sweep_chooses_on_validation_queries_and_never_reads_the_heldou
         return real(ref, queries)
 
     monkeypatch.setattr(study, "mean_kl", spy)
-    from tests.in_process import run_claims
+    from tests.helpers.in_process import run_claims
 
     run_claims(EXPERIMENT, tmp_path / "run", "validation=1", "analytic_ranks=[null,1]", "ridges=[0,0.5]",
                "bake_steps=[1,2]", "eval_every=1")
@@ -105,7 +105,7 @@ def test_a_compile_that_changes_nothing_fails_the_claims(tmp_path, monkeypatch):
     import dataclasses
 
     from experiments.goldwaser.system_compile import study
-    from tests.in_process import run_claims
+    from tests.helpers.in_process import run_claims
 
     real_fit, real_bake = study.fit_patch, study.bake
 
@@ -143,7 +143,7 @@ def test_the_bakes_compile_time_leaves_out_its_heldout_evaluations(tmp_path, mon
 
     monkeypatch.setattr(study, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(study, "mean_kl", slow)
-    from tests.in_process import run_claims
+    from tests.helpers.in_process import run_claims
 
     run_claims(EXPERIMENT, tmp_path / "run", "methods=[bake]", "eval_every=0")
     m = pd.read_csv(tmp_path / "run" / "metrics.csv")
@@ -218,7 +218,7 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     (("validation=1", "analytic_ranks=[2,2]"), "analytic's budget points repeat one another"),
 ])
 def test_bad_input_is_one_line(tmp_path, override, said):
-    from tests.in_process import refusal
+    from tests.helpers.in_process import refusal
 
     overrides = override if isinstance(override, tuple) else (override,)
     assert said in refusal(EXPERIMENT, tmp_path / "run", *overrides)
@@ -229,7 +229,7 @@ def test_a_model_without_a_chat_template_asked_for_a_system_turn(tmp_path):
     before anything tries to load the model."""
     from experiments.zoo.loading import offline_config
     from experiments.zoo.tokenizer import byte_tokenizer
-    from tests.in_process import refusal
+    from tests.helpers.in_process import refusal
 
     folder = tmp_path / "plain-llama"
     offline_config("tiny-llama").save_pretrained(folder)
@@ -317,7 +317,7 @@ def test_qwen_ahoy_compiles_analytically_into_a_stock_checkpoint(tmp_path):
     queries' 12-token replies, brings the held-out next-token distributions close to the prompted model's
     (measured: KL 0.047 against the unprompted model's 2.2) and starts held-out answers with Ahoy where the
     unprompted model never does (measured: 1 of 2), and the reloaded checkpoint gives the run's logits."""
-    from tests.conftest import require_bundled
+    from tests.helpers.bundled import require_bundled
 
     require_bundled("qwen2.5-0.5b")
     out = tmp_path / "ahoy"
@@ -348,8 +348,8 @@ def test_reply_logits_of_a_float64_model_stay_float64():
 def test_the_chat_templates_default_system_prompt_is_refused_before_the_run(tmp_path):
     """Qwen's template puts its default system prompt in when none is given: compiling that prompt leaves the
     control equal to the reference (KL 0, a claim dividing by it); the tokenizer alone shows it."""
-    from tests.conftest import require_bundled
-    from tests.in_process import refusal
+    from tests.helpers.bundled import require_bundled
+    from tests.helpers.in_process import refusal
 
     require_bundled("qwen2.5-0.5b")
     said = refusal(EXPERIMENT, tmp_path / "run", "model=qwen2.5-0.5b",

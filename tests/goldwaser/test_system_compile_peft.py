@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 SYSTEM = ("system=Begin every answer with the word 'Ahoy'.", "check=starts_with:Ahoy")
 TINY = ("model=tiny-llama", "queries=[Hi?,Why?,How so?,What now?]", "heldout=2", "max_new_tokens=5",
@@ -55,6 +55,6 @@ def test_peft_for_an_analytic_patch_that_is_not_low_rank_says_what_rank_it_would
 
 
 def test_peft_without_a_saved_method_is_refused(tmp_path):
-    from tests.in_process import refusal
+    from tests.helpers.in_process import refusal
 
     assert "give save=analytic|bake with it" in refusal("system_compile", tmp_path / "run", "format=peft")

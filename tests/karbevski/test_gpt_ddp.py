@@ -5,15 +5,12 @@ the global micro-batch index), and only rank 0 writes into the one shared run fo
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.cli import run_cli
 
-# the session's shared gpt_wq smoke run (tests/smoke_runs.py) is the one process: preset=smoke accumulates two
+# the session's shared gpt_wq smoke run (tests/helpers/smoke_runs.py) is the one process: preset=smoke accumulates two
 # micro-batches a step, and its lr horizon is fixed (decay_steps=6); the ranks read its data cache
 ARGS = ("preset=smoke", "train.decay_steps=6", "export_hf=false", "train.grad_accum=2")
 
@@ -26,10 +23,8 @@ def curve(run_dir, metric):
 def test_two_gloo_ranks_match_one_process_and_only_rank0_writes(tmp_path, smoke_runs):
     single = smoke_runs("gpt_wq")
     cache = f"cache_dir={smoke_runs.root / 'gpt_wq_cache'}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "-m", "cli.main", "run", "gpt_wq", *ARGS, cache, f"hydra.run.dir={tmp_path / 'ddp'}"],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    ddp = run_cli("run", "gpt_wq", *ARGS, cache, f"hydra.run.dir={tmp_path / 'ddp'}", env={"OMP_NUM_THREADS": "1"},
+                  launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     run_dir = tmp_path / "ddp"
     assert "train.decay_steps=6" in json.loads((single / "run.json").read_text())["overrides"]

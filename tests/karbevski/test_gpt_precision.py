@@ -16,7 +16,7 @@ import torch
 from experiments.karbevski.gpt import train as train_mod
 from experiments.karbevski.gpt.model import GPT, GPTConfig
 from experiments.karbevski.gpt.train import LoopState, TrainSettings, autocast, make_optimizer, train
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 TINY = GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, d_model=16, mlp_hidden=64)
 S = TrainSettings(steps=4, micro_batch=2, grad_accum=1, lr=1e-3, min_lr=1e-4, warmup_steps=1, decay_steps=4,

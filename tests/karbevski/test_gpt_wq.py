@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 SMOKE = ("preset=smoke",)
 
@@ -23,7 +23,7 @@ def run(tmp: Path, name: str, *overrides: str):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, smoke_runs) -> Path:
-    """full: 6 steps, the session's shared smoke run (tests/smoke_runs.py; its data cache shared too);
+    """full: 6 steps, the session's shared smoke run (tests/helpers/smoke_runs.py; its data cache shared too);
     stopped: the same run stopped after 3; resumed: stopped continued to 6."""
     tmp = tmp_path_factory.mktemp("gpt_wq")
     (tmp / "full").symlink_to(smoke_runs("gpt_wq"), target_is_directory=True)

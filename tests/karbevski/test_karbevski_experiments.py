@@ -12,15 +12,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.core.results import RunContext
-from tests.conftest import run_cli
-from tests.in_process import compose
+from tests.helpers.cli import run_cli
+from tests.helpers.in_process import compose
 
 EXPERIMENTS = ("wq_reparam", "attention_scale", "basis_transfer")
 
 
 @pytest.fixture(scope="module")
 def runs(smoke_runs) -> dict[str, Path]:
-    """The session's shared smoke runs of the three (tests/smoke_runs.py)."""
+    """The session's shared smoke runs of the three (tests/helpers/smoke_runs.py)."""
     return {name: smoke_runs(name) for name in EXPERIMENTS}
 
 
@@ -160,7 +160,7 @@ def test_parameter_claims_fail_for_the_invalid_reduction(tmp_path, monkeypatch):
     """W_Q dropped and nothing adjusted (reparam.drop_queries) removes 25 % of the attention parameters by
     construction; the forward pass of that model is not the original's, so nothing counts as saved."""
     from experiments.karbevski import reparam, wq_reparam
-    from tests.in_process import run_claims
+    from tests.helpers.in_process import run_claims
 
     ids = ["karbevski.sec3_1.attention_params_saved", "karbevski.table2.params_saved_millions"]
     assert run_claims("wq_reparam", tmp_path / "real").loc[ids, "passed"].all()

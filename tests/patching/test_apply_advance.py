@@ -17,8 +17,7 @@ from experiments.patching.generate import compare_generation, patched_generate
 from experiments.patching.patcher import Patcher
 from experiments.zoo.loading import load_model
 from experiments.zoo.prompts import encode_prompt
-from tests.core.test_cli import assert_one_line_error
-from tests.core.test_cli_errors import icl_inprocess  # noqa: F401 (a fixture)
+from tests.helpers.cli import assert_one_line_error
 
 PROMPT = "Write a haiku about the first snow of winter."
 CPU = torch.device("cpu")

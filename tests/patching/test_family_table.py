@@ -17,7 +17,7 @@ from experiments.patching import families
 from experiments.patching.arch import FAMILIES
 from experiments.patching.families import FAMILY_TABLE, MARKERS, Family, documented, markdown, tiny_models
 from experiments.patching.variants import _post_norm_block
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 ARCH = REPO_ROOT / "experiments" / "patching" / "arch"
 

@@ -1,12 +1,12 @@
-"""Each Xu & Fang claim that once held on a broken input, given that input again: it must now fail
-(issue 21), while the real input passes (or fails honestly, as the README reports)."""
+"""Each Xu & Fang claim given a broken input that a weaker check would pass: it must fail, while the real
+input passes (or fails honestly, as the README reports)."""
 
 from __future__ import annotations
 
 from omegaconf import OmegaConf
 
 from experiments.core.results import RunContext
-from tests.in_process import run_claims
+from tests.helpers.in_process import run_claims
 
 # the smoke preset's stack, with the cpu preset's prompt length so the real stack reaches the 0.95 bar
 STACK = ("single.max_demos=64", "single.tasks=16", "stack.max_demos=1024", "claims.few_hundred=300")

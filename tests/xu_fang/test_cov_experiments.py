@@ -1,5 +1,5 @@
 """The four Xu & Fang experiments end to end through the real CLI at preset=smoke, asserting on
-what they write. Each experiment runs once per session (tests/smoke_runs.py), and several tests read its
+what they write. Each experiment runs once per session (tests/helpers/smoke_runs.py), and several tests read its
 folder; what every run folder must hold is checked by tests/core/test_run_folder_contract.py."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 EXPERIMENTS = ("cov_alignment", "cov_icl_gd", "cov_rate", "markov_collapse")
 
 
 @pytest.fixture(scope="module")
 def runs(smoke_runs) -> dict[str, Path]:
-    """The session's shared smoke runs of the four (tests/smoke_runs.py)."""
+    """The session's shared smoke runs of the four (tests/helpers/smoke_runs.py)."""
     return {name: smoke_runs(name) for name in EXPERIMENTS}
 
 

@@ -12,8 +12,9 @@ import torch
 from experiments.core.errors import UserError
 from experiments.zoo import bundled_gguf, gguf, loading
 from experiments.zoo.bundled_gguf import BUNDLED, QWEN_15B
-from tests.conftest import REPO_ROOT, require_bundled, setup_extras
-from tests.in_process import refusal
+from tests.helpers.bundled import require_bundled
+from tests.helpers.in_process import refusal
+from tests.helpers.repo import REPO_ROOT, setup_extras
 
 GIB = 2**30
 

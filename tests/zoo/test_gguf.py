@@ -14,7 +14,7 @@ import pytest
 from experiments.core.errors import UserError
 from experiments.zoo import bundled_gguf, gguf
 from experiments.zoo.bundled_gguf import BUNDLED, GEMMA_270M
-from tests.conftest import require_bundled
+from tests.helpers.bundled import require_bundled
 from tests.zoo.fake_chunks import install_chunks, tiny_gguf
 
 QUIET = dict(progress=lambda _line: None)

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.conftest import require_bundled
-from tests.in_process import run_claims
+from tests.helpers.bundled import require_bundled
+from tests.helpers.in_process import run_claims
 
 TOKENS = 3
 

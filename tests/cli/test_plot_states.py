@@ -11,7 +11,7 @@ import pytest
 
 from experiments.core import registry
 from experiments.core.registry import Experiment
-from tests.core.test_cli import assert_one_line_error
+from tests.helpers.cli import assert_one_line_error
 
 
 def _plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:

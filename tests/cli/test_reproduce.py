@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from cli.reproduce import ordered, split_overrides
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 def test_order_and_overrides():

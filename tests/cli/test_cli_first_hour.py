@@ -12,20 +12,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT, ctrl_c_as_in_a_terminal
-from tests.core.test_cli import assert_one_line_error
-
-
-@pytest.fixture
-def icl_inprocess():
-    from typer.testing import CliRunner
-
-    from cli.main import app
-    from tests.core.test_cli import _Result
-
-    runner = CliRunner()
-    return lambda *args: _Result(runner.invoke(app, list(args)))
-
+from tests.helpers.cli import assert_one_line_error, ctrl_c_as_in_a_terminal, run_cli
+from tests.helpers.repo import REPO_ROOT
 
 # -- 2: did you mean ---------------------------------------------------------------------------------
 
@@ -82,9 +70,9 @@ def test_dashed_option_names_the_override(icl, tmp_path, args, fragment):
 
 @pytest.mark.parametrize("launcher, extra", [("parallel", "joblib"), ("slurm", "slurm")])
 def test_launcher_without_its_extra_names_the_extra(icl_inprocess, tmp_path, monkeypatch, launcher, extra):
-    import cli.overrides
+    from cli.overrides import LAUNCHER_EXTRAS
 
-    monkeypatch.setattr(cli.overrides, "_plugin_installed", lambda module: False)
+    monkeypatch.setitem(sys.modules, LAUNCHER_EXTRAS[launcher][0], None)  # the plugin cannot be imported here
     proc = icl_inprocess("run", "linreg_icl", "-m", "preset=smoke", f"hydra/launcher={launcher}", "seed=0,1",
                          f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert_one_line_error(proc, f"hydra/launcher={launcher} needs the {extra} extra", f"pip install -e '.[{extra}]'")
@@ -92,10 +80,9 @@ def test_launcher_without_its_extra_names_the_extra(icl_inprocess, tmp_path, mon
 
 
 def test_launcher_with_its_extra_passes():
-    from cli.overrides import _plugin_installed, validate
+    from cli.overrides import validate
 
-    if not _plugin_installed("hydra_plugins.hydra_joblib_launcher"):
-        pytest.skip("the joblib extra is not installed here")
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="the joblib extra is not installed here")
     validate("linreg_icl", ["preset=smoke", "hydra/launcher=parallel", "seed=0,1"], multirun=True)
 
 
@@ -207,9 +194,8 @@ def test_sweep_end_absolute_paths_and_claim_tally(icl, tmp_path, monkeypatch):
     no Hydra-logger line shows, and the tally adds up the jobs' own claims.csv."""
     import pandas as pd
 
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "markov_collapse", "-m", "preset=smoke",
-                           "seed=0,1", "hydra.sweep.dir=sweep"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "HYDRA_FULL_ERROR": "0"})
+    proc = run_cli("run", "markov_collapse", "-m", "preset=smoke", "seed=0,1", "hydra.sweep.dir=sweep", cwd=tmp_path,
+                   env={"PYTHONPATH": str(REPO_ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep = tmp_path / "sweep"
     out = proc.stdout

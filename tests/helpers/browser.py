@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.apt import Unavailable, apt_install
+from tests.helpers.apt import Unavailable, apt_install
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 PACKAGE = "chromium"  # Debian's

@@ -5,28 +5,21 @@ a sweep, a sweep of another experiment and a sweep run by other code are one lin
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO_ROOT
-from tests.core.test_sweeps import _user_error_for_seed
+from tests.helpers.cli import run_cli
+from tests.helpers.sweeps import user_error_for_seed
 
 # threads=1: the numbers of a job do not depend on the launcher's process (parallel vs in-process)
 SMALL = ("preset=smoke", "seed=0,1", "train.steps=2", "eval.grid_tasks=1", "threads=1")
 
 
-def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})})
-
-
 def _sweep(folder: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return _cli("run", "linreg_icl", "-m", *SMALL, *args, f"hydra.sweep.dir={folder}", env=env)
+    return run_cli("run", "linreg_icl", "-m", *SMALL, *args, f"hydra.sweep.dir={folder}", env=env)
 
 
 def _claims(folder: Path) -> pd.DataFrame:
@@ -45,13 +38,13 @@ def test_a_failed_parallel_sweep_resumes_to_the_results_of_one_that_never_stoppe
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     done = _sweep(whole)
     assert done.returncode == 0, done.stderr[-3000:]
-    failed = _sweep(broken, "hydra/launcher=parallel", env=_user_error_for_seed(tmp_path, 0))
+    failed = _sweep(broken, "hydra/launcher=parallel", env=user_error_for_seed(tmp_path, 0))
     assert failed.returncode == 1, failed.stderr[-3000:]
     assert _record(broken / "0")["status"] == "failed"
     (broken / "0" / "traceback.txt").write_text("the last attempt's")
     kept = _record(broken / "1")
 
-    resumed = _cli("resume", str(broken))
+    resumed = run_cli("resume", str(broken))
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
     assert f"resuming {broken}: job 0 of 2" in out
@@ -62,7 +55,7 @@ def test_a_failed_parallel_sweep_resumes_to_the_results_of_one_that_never_stoppe
     assert (broken / "figures" / "fig2_linreg_icl.png").is_file()
     pd.testing.assert_frame_equal(_claims(broken), _claims(whole))
 
-    again = _cli("resume", str(broken))
+    again = run_cli("resume", str(broken))
     assert again.returncode == 0 and "nothing to resume" in again.stdout
 
 
@@ -87,7 +80,7 @@ def _fake_sweep(folder: Path, commit: str) -> Path:
 ])
 def test_bad_resumes_are_one_line_and_run_nothing(tmp_path, case, args, message):
     _fake_sweep(tmp_path / "sweep", "0000000000abcdef")
-    proc = _cli(*(a.format(tmp=tmp_path) for a in args))
+    proc = run_cli(*(a.format(tmp=tmp_path) for a in args))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (case, proc.stderr[-2000:])
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0", "multirun.yaml"]
@@ -114,7 +107,7 @@ def test_consecutive_jobs_launch_together():
 
 def test_allow_changed_resumes_and_says_each_change(tmp_path):
     sweep = _fake_sweep(tmp_path / "sweep", "0000000000abcdef")
-    proc = _cli("resume", str(sweep), "--allow-changed")
+    proc = run_cli("resume", str(sweep), "--allow-changed")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "warning: job 0 ran at commit 0000000000ab, the code is now at" in proc.stderr

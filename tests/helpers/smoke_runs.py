@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 # The overrides an experiment's own tests need on the shared run (beside preset=smoke). `{root}` is the
 # session's folder of smoke runs.

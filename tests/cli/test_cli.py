@@ -12,31 +12,8 @@ from experiments.core import registry, runner
 from experiments.core.errors import UserError
 from experiments.core.figures import render
 from experiments.core.registry import Experiment
-
-
-class _Result:
-    def __init__(self, r):
-        self.returncode, self.stdout, self.stderr = r.exit_code, r.stdout, r.stderr
-
-
-@pytest.fixture
-def icl_inprocess():
-    """The CLI in this process: fast, for the errors raised before Hydra starts a run."""
-    from typer.testing import CliRunner
-
-    from cli.main import app
-
-    runner = CliRunner()
-    return lambda *args: _Result(runner.invoke(app, list(args)))
-
-
-def assert_one_line_error(proc, *fragments):
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    text = " ".join(proc.stderr.split())  # rich may wrap a long line
-    assert text.startswith("error:"), proc.stderr
-    for fragment in fragments:
-        assert fragment in text, proc.stderr
+from tests.helpers.cli import assert_one_line_error, start_cli
+from tests.helpers.repo import REPO_ROOT
 
 
 def test_list_shows_every_experiment(icl):
@@ -104,17 +81,10 @@ def test_two_stamps_in_the_same_second_differ():
 
 
 def test_two_runs_started_together_get_two_folders(icl, tmp_path):
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO_ROOT
-
-    cmd = [sys.executable, "-m", "cli.main", "run", "linreg_icl", "preset=smoke", "train.steps=2",
-           "eval.grid_tasks=1"]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)}) for _ in range(2)]
+    procs = [start_cli("run", "linreg_icl", "preset=smoke", "train.steps=2", "eval.grid_tasks=1", cwd=tmp_path,
+                       env={"PYTHONPATH": str(REPO_ROOT)}) for _ in range(2)]
     for p in procs:
-        assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+        assert p.wait(timeout=300) == 0, p.stderr.read()
     runs = list((tmp_path / "results" / "linreg_icl").iterdir())
     assert len(runs) == 2
     assert all(json.loads((r / "run.json").read_text())["status"] == "complete" for r in runs)

@@ -19,8 +19,8 @@ from experiments.core.report.page import render_html  # noqa: E402
 from experiments.core.report.results_page import render_results_page  # noqa: E402
 from experiments.core.report.write import write_report  # noqa: E402
 from experiments.core.results import CHECK_COLUMNS  # noqa: E402  (claims.csv as written before `measure`)
-from tests.conftest import run_cli  # noqa: E402
-from tests.core.browser import find_browser, screenshot_html  # noqa: E402
+from tests.helpers.browser import find_browser, screenshot_html  # noqa: E402
+from tests.helpers.cli import run_cli  # noqa: E402
 
 
 def claim(id, measured, passed, comparison="<=", tolerance=1.0, paper_value=None):
@@ -222,7 +222,7 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
 def test_chromium_is_installed_only_as_root_with_apt_get(monkeypatch):
     """`nox -s tests` installs the browser for the test above only where it can (root, apt-get); elsewhere
     one line says why, and that test is skipped."""
-    from tests.core import browser
+    from tests.helpers import browser
 
     monkeypatch.setattr(browser, "find_browser", lambda: None)
     monkeypatch.setattr(browser.os, "geteuid", lambda: 1000)

@@ -1,5 +1,5 @@
 """Bad input found in the first hour of use: each gets one line, a non-zero exit, no traceback and
-no run folder (issue 12)."""
+no run folder."""
 
 from __future__ import annotations
 
@@ -8,21 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.test_cli import assert_one_line_error
-
-
-@pytest.fixture
-def icl_inprocess():
-    from typer.testing import CliRunner
-
-    from cli.main import app
-
-    class _Result:
-        def __init__(self, r):
-            self.returncode, self.stdout, self.stderr = r.exit_code, r.stdout, r.stderr
-
-    runner = CliRunner()
-    return lambda *args: _Result(runner.invoke(app, list(args)))
+from tests.helpers.cli import assert_one_line_error
 
 
 @pytest.mark.parametrize("folder", ["/proc/icl_exp_x", "/sys/icl_exp_x"])
