@@ -15,20 +15,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode
 
+from experiments.core.errors import first_line
+
 # What a typed node takes, as the error says it.
 EXPECTED = {IntegerNode: "an integer", FloatNode: "a number", BooleanNode: "true or false"}
 ITEM_EXPECTED = {int: "an integer", float: "a number", bool: "true or false"}  # items of a typed list
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of the first exception in the chain that says something."""
-    msgs = []
-    while err is not None:
-        text = str(err).strip()
-        if text:
-            msgs.append(text.splitlines()[0])
-        err = err.__cause__ or err.__context__
-    return msgs[0] if msgs else "invalid configuration"
 
 
 def omegaconf_cause(err: BaseException) -> OmegaConfBaseException | None:
@@ -76,7 +67,7 @@ def composition_error(err: BaseException, name: str, override_keys: list[str], r
         return f"unknown config key {key!r} for experiment {name} ({hint})"
     if isinstance(cause, ValidationError):
         return ill_typed(cause.full_key, cause.value, cause.child_node, cause.parent_node)
-    return first_line(err)
+    return first_line(err, chain=True, default="invalid configuration")
 
 
 def ill_typed(key: str, value: Any, node: Any, parent: Any = None) -> str:

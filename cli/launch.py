@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from cli.hydra_flags import hydra_flags
 from cli.output import err_console, fail, unique_stamp
 from experiments.core.errors import UserError
 
@@ -78,27 +79,11 @@ def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> P
     from cli import hydra_app
 
     # Hydra's parser takes the overrides before its own flags (`--cfg job`, `--info`, ...).
-    flags = _hydra_flags(overrides)
+    flags = hydra_flags(overrides)
     plain = [o for o in overrides if o not in flags]
     sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags, *(["--multirun"] if multirun else [])]
     hydra_app.main()
     return Path(out_dir)
-
-
-def _hydra_flags(args: list[str]) -> list[str]:
-    """Hydra's own flags in `args`, with the word that follows those taking one (`--cfg job`)."""
-    flags: list[str] = []
-    takes_value = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
-                   "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
-    i = 0
-    while i < len(args):
-        if args[i].startswith("-"):
-            flags.append(args[i])
-            if args[i] in takes_value and i + 1 < len(args) and "=" not in args[i + 1]:
-                flags.append(args[i + 1])
-                i += 1
-        i += 1
-    return flags
 
 
 def check_writable(folder: str | os.PathLike) -> None:

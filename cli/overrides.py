@@ -24,10 +24,12 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from cli.config_errors import composition_error, first_line, known_keys_hint, leaf_keys, omegaconf_cause
+from cli.config_errors import composition_error, known_keys_hint, leaf_keys, omegaconf_cause
+from cli.hydra_flags import FLAGS as HYDRA_FLAGS
+from cli.hydra_flags import ONE_CONFIG
 from experiments.core import registry
 from experiments.core.config_schema import DEVICES, GROUP, register_schemas
-from experiments.core.errors import UserError
+from experiments.core.errors import UserError, first_line
 from experiments.core.registry import Experiment
 
 MAX_COMBINATIONS_CHECKED = 64
@@ -130,14 +132,6 @@ def _check_threads(cfg: DictConfig) -> None:
         raise UserError(f"threads={threads} must be at least 1 (or null for torch's default)")
 
 
-# Hydra's own command-line flags (`icl-exp run NAME --cfg job`); any other `--word` is a mistake.
-HYDRA_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p",
-               "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp",
-               "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
-
-
-# Hydra's flags that print or inspect one config instead of running: not with -m
-ONE_CONFIG_FLAGS = ("--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
 
 
 def _check_flags(name: str, overrides: list[str]) -> None:
@@ -320,7 +314,7 @@ def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple
     _check_schema_registered(name)
     _check_flags(name, overrides)
     hydra_flags = [o for o in overrides if o.startswith("-")]
-    shown = [f for f in hydra_flags if f.split("=", 1)[0] in ONE_CONFIG_FLAGS]
+    shown = [f for f in hydra_flags if f.split("=", 1)[0] in ONE_CONFIG]
     if multirun and shown:  # Hydra's answer is a traceback ("Only one of --run, --multirun, --cfg ...")
         raise UserError(f"{shown[0]} shows one job's config, and -m sweeps: drop -m and give each key one value "
                         f"(icl-exp run {name} KEY=VALUE {shown[0]}{' job' if shown[0] in ('--cfg', '-c') else ''})")
@@ -330,7 +324,7 @@ def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as err:
-        raise UserError(f"cannot parse overrides: {first_line(err)}") from None
+        raise UserError(f"cannot parse overrides: {first_line(err, chain=True)}") from None
     _check_launcher(parsed)
     _check_logger(parsed)
     if any(o.key_or_group == "experiment" for o in parsed):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from experiments.core.errors import UserError
+from experiments.core.errors import UserError, first_line
 from experiments.core.results import RUN_FILE
 
 SWEEP_FILE = "multirun.yaml"
@@ -84,8 +84,8 @@ def read_sweep(folder: Path) -> Sweep:
         own = [str(o) for o in hydra.overrides.hydra if not str(o).startswith(_RESET)]
         params = OmegaConf.to_container(hydra.sweeper.params) if hydra.sweeper.get("params") else None
     except Exception as err:  # a hand-edited or truncated file
-        raise UserError(f"{folder / SWEEP_FILE} is not a sweep's Hydra config ({type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        raise UserError(f"{folder / SWEEP_FILE} is not a sweep's Hydra config ({first_line(err, typed=True)})") \
+            from None
     return Sweep(folder, experiment, task, own, expand(task, params))
 
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.core import distributed, precision, progress, registry
 from experiments.core.atomic import write_json_atomic
+from experiments.core.errors import first_line
 from experiments.core.figures import render_run
 from experiments.core.provenance import git_state, host, package_versions
 from experiments.core.results import RUN_FILE, RunContext
@@ -169,7 +170,7 @@ def run(name: str, cfg: DictConfig, run_dir: Path, run_id: str, overrides: list[
             _record_precision(record, ctx)
             record.update(status="interrupted" if interrupted else "failed", end=_now(),
                           wall_time_s=round(time.perf_counter() - t0, 3),
-                          error=_one_line(err), stopped_at=progress.last_progress())
+                          error=first_line(err, typed=True), stopped_at=progress.last_progress())
             write_json_atomic(run_json, record)
         raise
     return ctx
@@ -188,8 +189,3 @@ def _record_precision(record: dict, ctx: RunContext) -> None:
     if ctx.model:
         record["model"] = ctx.model
 
-
-def _one_line(err: BaseException) -> str:
-    """`Type: first line of the message` (Ctrl-C has no message: `KeyboardInterrupt`)."""
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

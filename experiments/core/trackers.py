@@ -22,6 +22,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from experiments.core.errors import first_line
+
 log = logging.getLogger(__name__)
 
 # logger=NAME -> (the module it needs, the extra that installs it)
@@ -220,7 +222,6 @@ class TrackerCallback(Callback):
         try:
             step()
         except Exception as err:  # any tracker failure (network, disk, its own bugs)
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            log.warning("logger=%s: could not %s the tracker (%s: %s); the run goes on without it, metrics.csv "
-                        "is complete", self.kind, what, type(err).__name__, first[:200])
+            log.warning("logger=%s: could not %s the tracker (%s); the run goes on without it, metrics.csv "
+                        "is complete", self.kind, what, first_line(err, typed=True))
             self.tracker = None

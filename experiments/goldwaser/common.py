@@ -37,8 +37,6 @@ def validate_model(cfg) -> None:
     from experiments.patching.variants import check_apply, check_variant
     from experiments.zoo.loading import check_model
 
-    if not cfg.model.strip():
-        raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-gemma3")
     config = check_model(cfg.model, resolve_dtype(cfg.dtype), resolve_device(cfg.device))
     if cfg.variant is not None:  # None: the experiment picks one for the family (patch_export)
         variant = check_variant(adapter_for(config.model_type), cfg.variant)

@@ -47,8 +47,6 @@ def validate(cfg: ContextCompileConfig) -> None:
     from experiments.patching.fixed_patch import check_fixed_patch, rank_limit
     from experiments.zoo.loading import check_model
 
-    if not cfg.model.strip():
-        raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-llama")
     if not cfg.prompt.strip():
         raise UserError("prompt= is empty: the compiled patch needs a prompt")
     ks = sweep_ks(cfg)

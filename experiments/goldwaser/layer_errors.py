@@ -66,8 +66,6 @@ def validate(cfg: LayerErrorsConfig) -> None:
     for dtype in cfg.dtypes:
         if not 0.0 < cfg.delta_rel.get(dtype, math.nan) < 1.0:  # a dtype without its δ is refused too
             raise UserError(f"delta_rel.{dtype} must be in (0, 1): the size of δ relative to the layer's input")
-    if not cfg.model.strip():
-        raise UserError("model= is empty: give gemma-3-270m, a local folder, or an offline model such as tiny-gemma3")
     largest = max((resolve_dtype(d) for d in cfg.dtypes), key=lambda t: t.itemsize)
     config = check_model(cfg.model, largest, resolve_device(cfg.device))
     adapter = adapter_for(config.model_type)

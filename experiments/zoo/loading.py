@@ -241,6 +241,8 @@ def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
     """Everything that can be checked before a run folder exists: the config can be had, the
     architecture has an adapter (zoo/architectures.py), the model fits in memory. Returns the config."""
     name = str(name)
+    if not name.strip():  # every experiment's model= comes here first: the one place that says so
+        raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-llama")
     if name in RANDOM_OFFLINE_MODELS:
         config = offline_config(name)
     else:

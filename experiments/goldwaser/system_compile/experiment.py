@@ -117,8 +117,6 @@ def validate(cfg: SystemCompileConfig) -> None:
     from experiments.patching.fixed_patch import check_fixed_patch
     from experiments.zoo.loading import check_model
 
-    if not cfg.model.strip():
-        raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-llama")
     prompts = system_prompts(cfg)
     fit, held = split(cfg)
     _positive(cfg, "max_new_tokens", "rank", "steps", "batch", "samples")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.core.errors import UserError
+from experiments.core.errors import UserError, first_line
 from experiments.goldwaser.common import text_list
 from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
@@ -80,7 +80,7 @@ def check_template(tokenizer, template: str, model: str) -> None:
                                               {"role": "user", "content": "hello"}],
                                              tokenize=False, add_generation_prompt=True)
     except Exception as err:  # jinja's raise_exception: "System role not supported"
-        raise UserError(f"model={model}'s chat template refuses a system turn ({str(err).splitlines()[0]}): "
+        raise UserError(f"model={model}'s chat template refuses a system turn ({first_line(err)}): "
                         "use template=prefix") from None
     if SYSTEM_MARKER not in text:
         raise UserError(f"model={model}'s chat template drops the system turn: use template=prefix")
