@@ -60,7 +60,7 @@ def main() -> None:
         sys.exit(f"{a.model}: its output rule is {adapter.output_rule}; this table is for Thm 9 (outer weight) "
                  f"and Thm 10 (scale)")
     ids = encode_prompt(bundle, PROMPT)["input_ids"]
-    cache, query = patcher.prefill({"input_ids": ids[:, :-1]}), ids[:, -1:]
+    cache, query = patcher.start({"input_ids": ids})
     norms: dict = {}
     rows: dict[int, dict[str, list[float]]] = {}
     for _ in range(a.tokens):

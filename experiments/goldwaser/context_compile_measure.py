@@ -52,8 +52,8 @@ def reply_with_context(model, inputs: dict, max_new: int, stop_ids: set[int],
             logits.append(st.patched.logits)
         return tokens, torch.stack(logits)
     ids = inputs["input_ids"]
-    cache = patcher.prefill({"input_ids": ids[:, :-1]}) if ids.shape[1] > 1 else None
-    query, tokens = ids[:, -1:], []
+    cache, query = patcher.start({"input_ids": ids})
+    tokens = []
     for _ in range(max_new):
         step = patcher.context_step({"input_ids": query}, cache)
         cache = step.cache

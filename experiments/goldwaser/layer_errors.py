@@ -137,9 +137,7 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
 
     patcher = Patcher(model, variant, apply)
     counterpart = patcher.variant.open_counterpart(patcher.adapter)
-    ids = inputs["input_ids"]
-    prefix = {k: v[:, :-1] for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
-    cache, query = (patcher.prefill(prefix) if ids.shape[1] > 1 else None), ids[:, -1:]
+    cache, query = patcher.start(inputs)
     for step in range(n_tokens):
         ctx = patcher.context_step({"input_ids": query}, cache)
         context, cache = ctx.logits, ctx.cache
@@ -161,7 +159,7 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
                    logits=logit_comparison(context, patched.logits),
                    one_ulp_patched=patched_sensitivity(model, query, keep, actions),
                    one_ulp_original=original_sensitivity[key, step], context=context, control=control.logits)
-        query = context.argmax().view(1, 1).to(ids.device)
+        query = context.argmax().view(1, 1).to(query.device)
 
 
 def patched_sensitivity(model, query, keep: dict, actions: dict) -> float:

@@ -63,8 +63,7 @@ def patch_prompt(bundle: ModelBundle, prompt: str, variant: str = "naive", chat_
     if ids.shape[1] < 2:
         raise UserError("the prompt must have at least two tokens: a context and the query token")
     patcher = Patcher(bundle.model, variant)
-    cache = patcher.prefill({"input_ids": ids[:, :-1]})
-    query = ids[:, -1:]
+    cache, query = patcher.start({"input_ids": ids})
     step = patcher.context_step({"input_ids": query}, cache)
     control = patcher.control_logits(query)
     tensors: dict[str, torch.Tensor] = {}

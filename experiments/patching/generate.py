@@ -85,14 +85,6 @@ def _ms(t0: float) -> float:
     return 1000.0 * (_now() - t0)
 
 
-def _prefill_context(patcher: Patcher, inputs: dict) -> tuple[object, Tensor]:
-    """The with-context cache of every prompt token but the last, and that last token: the first query."""
-    ids = inputs["input_ids"]
-    prefix = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
-              for k, v in inputs.items()}
-    return (patcher.prefill(prefix) if ids.shape[1] > 1 else None), ids[:, -1:]
-
-
 def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
                        choose: Callable[[Tensor, Tensor], tuple[int, int]] = greedy,
                        stop_ids: set[int] | None = None, control: bool = True,
@@ -109,7 +101,7 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
     if advance not in ADVANCE_MODES:
         raise ValueError(f"advance={advance!r} is not one of {', '.join(ADVANCE_MODES)}")
     ids = inputs["input_ids"]
-    cache, query = _prefill_context(patcher, inputs)
+    cache, query = patcher.start(inputs)
     tokens: list[int] = []
     last_layer = VARIANTS[ClosedLoopLastLayer.name] if control and patcher.variant.loop == CLOSED else None
     for step in range(max_new_tokens):
@@ -179,7 +171,7 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
     with that token, so it stops before the LM head (its logits are not needed). Greedy, this emits the
     tokens of the model's own greedy generation with the context wherever the patch is exact."""
     ids = inputs["input_ids"]
-    cache, query = _prefill_context(patcher, inputs)
+    cache, query = patcher.start(inputs)
     for step in range(max_new_tokens):
         t0 = _now()
         ctx = patcher.context_step({"input_ids": query}, cache, logits=False)

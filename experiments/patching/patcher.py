@@ -227,6 +227,15 @@ class Patcher:
     def prefill(self, inputs: dict):
         return getattr(self.model(**inputs, use_cache=True, logits_to_keep=1), _cache_name(self.model))
 
+    def start(self, inputs: dict) -> tuple[object, Tensor]:
+        """Where every comparison starts: the with-context cache of every prompt token but the last (None for
+        a one-token prompt), and that last token, the first query. Per-token inputs (ids, mask, token types)
+        lose their last position; the rest (an image's pixels) goes to the prefill whole."""
+        ids = inputs["input_ids"]
+        prefix = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
+                  for k, v in inputs.items()}
+        return (self.prefill(prefix) if ids.shape[1] > 1 else None), ids[:, -1:]
+
     @torch.no_grad()
     def context_step(self, inputs: dict, cache, logits: bool = True) -> ContextStep:
         """The with-context forward of the newest token(s) on top of `cache`. `logits=False` runs the decoder
