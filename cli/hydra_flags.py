@@ -1,6 +1,6 @@
 """Hydra's own command-line flags (`icl-exp run NAME --cfg job`), said once: which there are, which take the
 word after them, and which print or inspect one config instead of running. Any other `--word` after a run
-is a mistake (overrides.py says which override it meant); launch.py hands these to Hydra after the overrides,
+is a mistake (check_overrides.py says which override it meant); launch.py hands these to Hydra after the overrides,
 where its parser expects them."""
 
 from __future__ import annotations

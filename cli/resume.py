@@ -17,14 +17,14 @@ def _config_changes(sweep) -> list[str]:
     conf/ or a schema changed since. Only jobs that wrote their config are compared."""
     from omegaconf import OmegaConf
 
-    from cli.overrides import _compose
+    from cli.compose import compose_config
 
     out = []
     for num, job in enumerate(sweep.jobs):
         saved = sweep.job_dir(num) / ".hydra" / "config.yaml"
         if not saved.is_file():
             continue
-        now = OmegaConf.to_container(_compose(job), resolve=False)
+        now = OmegaConf.to_container(compose_config(job), resolve=False)
         now.pop("hydra", None)
         then = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
         if now != then:

@@ -58,7 +58,7 @@ class Common:
     (experiment_schema)."""
 
     seed: int = 0
-    # auto | cpu | cuda | cuda:N (auto takes a GPU when there is one; checked by cli/overrides.py: an Enum has
+    # auto | cpu | cuda | cuda:N (auto takes a GPU when there is one; checked by cli/check_job.py: an Enum has
     # no cuda:N)
     device: str = "auto"
     dtype: Dtype = Dtype.float32  # float32 | bfloat16 | float16 | float64; aliases fp32, bf16, fp16, fp64
@@ -110,7 +110,7 @@ def register_schemas() -> None:
     config) would cost 0.09 s a time."""
     from hydra.core.config_store import ConfigStore
 
-    from experiments.core.registry import PAPER_PACKAGES
+    from experiments.core.papers import PAPER_PACKAGES
 
     store = ConfigStore.instance()
     if GROUP in store.repo:

@@ -122,7 +122,7 @@ def _refuse_under_torchrun() -> None:
 
 
 def check_sweep(configs: Sequence[DictConfig]) -> None:
-    """The CLI's check, before any folder exists (cli/overrides.py): the same plan the launcher will make."""
+    """The CLI's check, before any folder exists (cli/check_job.py): the same plan the launcher will make."""
     if not configs or str(configs[0].hydra.launcher.get("_target_")) != TARGET:
         return
     _refuse_under_torchrun()

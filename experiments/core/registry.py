@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments.core.errors import UserError
+from experiments.core.papers import PAPER_PACKAGES
 
 if TYPE_CHECKING:  # pandas and omegaconf cost 0.7 s to import: `icl-exp --help` needs neither
     import pandas as pd
     from omegaconf import DictConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# One package per paper, in the order `icl-exp list` shows them.
-PAPER_PACKAGES = ("dherin", "goldwaser", "karbevski", "xu_fang")
 CONF_DIR = REPO_ROOT / "conf"
 
 

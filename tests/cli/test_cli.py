@@ -120,7 +120,7 @@ def test_render_refuses_an_empty_folder(tmp_path):
         render(Path(tmp_path))
 
 
-def test_launcher_configs_compose():
+def test_launcher_configscompose_config():
     """`hydra/launcher=parallel` (joblib) composes; `slurm` needs the optional extra."""
     from cli.overrides import validate
 
@@ -160,7 +160,7 @@ def test_every_experiment_is_typed(name):
     take an ill-typed value silently; the CLI keeps no type check of its own."""
     from omegaconf import OmegaConf
 
-    from cli.overrides import _compose
+    from cli.compose import compose_config
 
-    cfg = _compose([f"experiment={name}", "preset=smoke"])
+    cfg = compose_config([f"experiment={name}", "preset=smoke"])
     assert OmegaConf.get_type(cfg) not in (None, dict), f"{name} has no schema"

@@ -70,7 +70,7 @@ def test_dashed_option_names_the_override(icl, tmp_path, args, fragment):
 
 @pytest.mark.parametrize("launcher, extra", [("parallel", "joblib"), ("slurm", "slurm")])
 def test_launcher_without_its_extra_names_the_extra(icl_inprocess, tmp_path, monkeypatch, launcher, extra):
-    from cli.overrides import LAUNCHER_EXTRAS
+    from cli.check_extras import LAUNCHER_EXTRAS
 
     monkeypatch.setitem(sys.modules, LAUNCHER_EXTRAS[launcher][0], None)  # the plugin cannot be imported here
     proc = icl_inprocess("run", "linreg_icl", "-m", "preset=smoke", f"hydra/launcher={launcher}", "seed=0,1",

@@ -41,15 +41,15 @@ def test_an_experiment_gets_its_schema_object():
     (present where the CLI checks a job) left out."""
     import dataclasses
 
-    from cli.overrides import _compose
+    from cli.compose import compose_config
     from experiments.core.registry import get
     from experiments.goldwaser.schema import LayerDtype, PatchVariant
 
-    cfg = _compose(["experiment=layer_errors", "preset=smoke", "variants=[naive]"])
+    cfg = compose_config(["experiment=layer_errors", "preset=smoke", "variants=[naive]"])
     typed = get("layer_errors").config(cfg)
     assert dataclasses.is_dataclass(typed) and "hydra" in cfg
     assert typed.dtypes == [LayerDtype.float32, LayerDtype.float64] and typed.variants == [PatchVariant.naive]
     from experiments.goldwaser.system_compile.schema import Method
 
-    compile_cfg = _compose(["experiment=system_compile", "preset=smoke"])
+    compile_cfg = compose_config(["experiment=system_compile", "preset=smoke"])
     assert get("system_compile").config(compile_cfg).methods == [Method.analytic, Method.bake]

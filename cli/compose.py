@@ -1,0 +1,60 @@
+"""Composing a command line's config as Hydra will, and reading its overrides: the config groups there are,
+the values an override gives, every combination of a sweep. What the checks (check_*.py) and the CLI's
+other commands compose with."""
+
+from __future__ import annotations
+
+import itertools
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.types import Override
+from omegaconf import DictConfig
+
+from experiments.core import registry
+from experiments.core.config_schema import register_schemas
+
+MAX_COMBINATIONS_CHECKED = 64
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The config Hydra composes for these overrides (its own node included), schemas registered first."""
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(registry.CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+def is_group(key: str) -> bool:
+    return key.startswith("hydra/") or (registry.CONF_DIR / key).is_dir()
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (registry.CONF_DIR / group).glob("*.yaml"))
+
+
+def override_values(o: Override) -> list[str] | None:
+    """The values an override gives its key (a sweep's every value), as strings; None for the sweeps Hydra
+    alone expands (interval, glob), which the checks leave to it."""
+    try:
+        return [str(v) for v in o.sweep_string_iterator()] if o.is_sweep_override() else [str(o.value())]
+    except Exception:
+        return None
+
+
+def expand(parsed: list[Override]) -> list[list[str]]:
+    """All combinations of a sweep's values (choice and range sweeps), as plain override lists."""
+    options: list[list[str]] = []
+    for o in parsed:
+        if o.is_sweep_override():
+            try:
+                values = list(o.sweep_string_iterator())
+            except Exception:  # interval / glob sweeps: leave them to Hydra
+                values = []
+            if not values:
+                continue
+            options.append([f"{o.get_key_element()}={v}" for v in values])
+        else:
+            options.append([o.input_line])
+    combos = itertools.islice(itertools.product(*options), MAX_COMBINATIONS_CHECKED)
+    return [list(c) for c in combos]
