@@ -21,6 +21,7 @@ or the checkpoint is in the local cache: offline, it fails in seconds.
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import os
@@ -192,7 +193,18 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def resolve_config(name: str):
-    """(config, local_files_only) for a hub id or a folder; one UserError line when it cannot be had."""
+    """(config, local_files_only) for a hub id or a folder; one UserError line when it cannot be had. Resolved
+    once a process for each name (a folder: each version of its config.json): the command line's check, the
+    job's own check and the loader ask for the same one, and a hub id costs a request each time. A copy is
+    returned, so that no caller changes another's."""
+    path = Path(name).expanduser()
+    stamp = (path / "config.json").stat().st_mtime_ns if (path / "config.json").is_file() else None
+    config, local_only = _resolve_config(name, stamp)
+    return copy.deepcopy(config), local_only
+
+
+@functools.lru_cache(maxsize=64)
+def _resolve_config(name: str, stamp: int | None):
     from transformers import AutoConfig
 
     path = Path(name).expanduser()
