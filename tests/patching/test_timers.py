@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from experiments.patching import generate
-from experiments.patching.patcher import ContextStep, PatchedPass
+from experiments.patching.patcher import ContextStep, PatchedPass, Patcher
 from experiments.patching.variants import VARIANTS
 
 
@@ -21,6 +21,8 @@ class _Patcher:
 
     def prefill(self, inputs):
         return "cache"
+
+    start = Patcher.start  # the real split of a prompt into the prefill and the first query, over this prefill
 
     def context_step(self, inputs, cache, logits=True):
         self.events.append("context_step")
