@@ -5,6 +5,10 @@ that defines `EXPERIMENT = Experiment(...)` next to a config `conf/experiment/<n
 Discovery pairs the two, so adding an experiment touches no central list. Modules are imported
 only when used (`list` reads the metadata by importing, which is cheap because heavy imports such
 as transformers are done inside functions).
+
+An experiment that outgrows a file is a package `experiments/<paper>/<name>/` found the same way: its
+`__init__.py` is the declaration (EXPERIMENT, importing nothing heavy: run, plot and validate import
+`run.py` when called), with `run.py` (validate, run), `claims.py` and `plots.py` beside it.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ def _module_name(name: str) -> str:
         if importlib.util.find_spec(f"experiments.{package}") and importlib.util.find_spec(candidate):
             return candidate
     raise RuntimeError(f"conf/experiment/{name}.yaml has no module experiments/<paper>/{name}.py "
+                       f"or package experiments/<paper>/{name}/__init__.py "
                        f"(papers: {', '.join(PAPER_PACKAGES)})")
 
 

@@ -30,7 +30,6 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.core.errors import UserError
-from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
@@ -218,13 +217,3 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
     return plot_all(metrics, figures_dir)
 
-
-EXPERIMENT = Experiment(
-    name="system_compile",
-    paper="Goldwaser et al.",
-    figures="(extension: system prompts)",
-    description="a system prompt compiled into weights: analytic fixed patch vs prompt baking, on held-out queries",
-    run=run,
-    plot=plot,
-    validate=validate,
-)
