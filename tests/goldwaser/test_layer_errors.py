@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from experiments.core.results import RunContext
-from experiments.goldwaser.layer_errors_claims import check_claims, growth_beyond_accumulation, growth_per_layer
+from experiments.goldwaser.layer_errors.claims import check_claims, growth_beyond_accumulation, growth_per_layer
 from experiments.goldwaser.layer_gain import gain, layer_calls, one_ulp_sensitivity, random_direction
 from tests.helpers.cli import run_cli
 
@@ -376,7 +376,7 @@ def test_a_matrix_rule_bounds_the_open_loops_level_in_each_dtype(smoke_run, tmp_
 def test_default_variants_are_those_the_block_takes():
     from omegaconf import OmegaConf
 
-    from experiments.goldwaser.layer_errors import chosen_variants
+    from experiments.goldwaser.layer_errors.run import chosen_variants
     from experiments.patching.arch import adapter_for
 
     unset = OmegaConf.create({"variants": None, "apply": "materialized"})  # the keys it reads, as the schema has them

@@ -19,7 +19,7 @@ says by how much), so the algorithm, not this implementation, is what float64 ca
 output rule divides by no MLP output (a matrix, Thm 9) the level itself is bounded: every layer within the
 dtype's rounding bar (patching/compare.ROUNDING). The closed
 loop on the same weights, the same code path, exact at every layer, is the control on the implementation.
-Claims: experiments/goldwaser/layer_errors_claims.py; figure: layer_errors_plot.py.
+Claims: claims.py; figure: plots.py (beside this file).
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ import math
 
 from experiments.core.errors import UserError
 from experiments.core.progress import progress
-from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
-from experiments.goldwaser.layer_errors_claims import check_claims
-from experiments.goldwaser.layer_errors_plot import plot
+from experiments.goldwaser.layer_errors.claims import check_claims
 from experiments.goldwaser.schema import LayerErrorsConfig
 from experiments.patching.kinds import ACTION, MATERIALIZED
 from experiments.patching.variants import VARIANTS
@@ -102,7 +100,7 @@ def run(cfg: LayerErrorsConfig, ctx: RunContext) -> None:
         for dtype in dtypes:
             bundle = load_model(cfg.model, resolve_dtype(dtype), ctx.device, seed=cfg.seed)
             encoded = [encode_prompt(bundle, text, None, cfg.chat_template, ctx.device) for text in prompts]
-            # the block's output rule decides what the open loop's claims expect (layer_errors_claims.py)
+            # the block's output rule decides what the open loop's claims expect (claims.py)
             index = dict(model=cfg.model, preset=cfg.preset, dtype=dtype, rule=adapter.output_rule.key,
                          apply=cfg.apply)
             original_sensitivity: dict = {}  # the unpatched model's: the same for every variant
@@ -220,14 +218,3 @@ def log_token(ctx: RunContext, result: dict, **index) -> None:
     for layer, (rel, stats, more) in enumerate(zip(patched.hidden_rel, patched.layer_stats, result["per_layer"],
                                                    strict=True)):
         ctx.log_many(dict(hidden_rel=rel, dm_linf=stats.dm_linf, **more), layer=layer, **idx)
-
-
-EXPERIMENT = Experiment(
-    name="layer_errors",
-    paper="Goldwaser et al.",
-    figures="Alg. 1, App. B (per layer)",
-    description="per-layer error, gain and one-ulp sensitivity of the open vs closed loop, float32 and float64",
-    run=run,
-    plot=plot,
-    validate=validate,
-)
