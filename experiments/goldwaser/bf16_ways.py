@@ -1,5 +1,5 @@
 """docs/goldwaser.md's bfloat16 table and figure from finished patch_match / gemma_match runs: one row per model ×
-dtype × variant × apply × advance (`patch_match_plots.ways_table`), the figure one panel per model.
+dtype × variant × apply × advance (`patch_match/plots.py`'s `ways_table`), the figure one panel per model.
 
     python -m experiments.goldwaser.bf16_ways SWEEP_DIR [SWEEP_DIR ...] [--figures DIR]
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.goldwaser.patch_match_plots import ways_figure, ways_table
+from experiments.goldwaser.patch_match.plots import ways_figure, ways_table
 
 MODEL_ORDER = ("gemma-3-270m", "qwen2.5-0.5b", "qwen2.5-1.5b")
 DTYPE_ORDER = ("float64", "float32", "bfloat16")

@@ -4,13 +4,14 @@ An instruction-tuned Gemma 3 (1B by default; 4B multimodal with an image for Fig
 "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
 and generates greedily; at every step the model without the context, patched by Algorithm 1 (or App.
 B's stable update, or the closed loop), is compared with it. The same code as `patch_match`
-(experiments/goldwaser/patch_match.py), with Gemma 3's settings (conf/experiment/gemma_match.yaml).
+(experiments/goldwaser/patch_match/), with Gemma 3's settings (conf/experiment/gemma_match.yaml).
 """
 
 from __future__ import annotations
 
 from experiments.core.registry import Experiment
-from experiments.goldwaser.patch_match import plot, run, validate
+from experiments.goldwaser.patch_match.plots import plot
+from experiments.goldwaser.patch_match.run import run, validate
 
 EXPERIMENT = Experiment(
     name="gemma_match",

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments.core.results import RunContext
-from experiments.goldwaser.patch_match import check_claims
+from experiments.goldwaser.patch_match.claims import check_claims
 from tests.goldwaser.near_ties import assert_misses_are_near_ties
 from tests.helpers.cli import OFFLINE, run_cli
 
@@ -139,7 +139,7 @@ def test_stock_check_is_refused_for_an_open_loop_in_one_line():
     from omegaconf import OmegaConf
 
     from experiments.core.errors import UserError
-    from experiments.goldwaser.patch_match import validate
+    from experiments.goldwaser.patch_match.run import validate
 
     with pytest.raises(UserError, match="closed loop only: variant=naive's patched pass already is the model's"):
         validate(OmegaConf.create({"variant": "naive", "stock_check": "first"}))
@@ -148,7 +148,7 @@ def test_stock_check_is_refused_for_an_open_loop_in_one_line():
 def _cached_claim(tmp_path, prefill_from_another_prompt: bool) -> tuple[bool, pd.DataFrame]:
     import torch
 
-    from experiments.goldwaser.patch_match import log_step
+    from experiments.goldwaser.patch_match.run import log_step
     from experiments.patching.generate import compare_generation
     from experiments.patching.patcher import Patcher
     from experiments.zoo.loading import load_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from experiments.goldwaser.patch_match_plots import _paper_bf16, tick_labels
+from experiments.goldwaser.patch_match.plots import _paper_bf16, tick_labels
 
 
 def test_tokens_are_shown_as_text_with_whitespace_visible_and_ids_only_where_unreadable():
@@ -23,7 +23,7 @@ def test_the_paper_numbers_belong_to_bfloat16_series_of_its_two_variants():
 def test_the_ways_table_counts_tokens_per_way_with_wilson_intervals(tmp_path):
     """Two runs (materialized and action) of 4 and 5 tokens: matches, %, the interval of k of n, the largest
     logit error and per-layer error, each way its own row; the figure is drawn from the same frame."""
-    from experiments.goldwaser.patch_match_plots import plot, ways_table
+    from experiments.goldwaser.patch_match.plots import plot, ways_table
 
     rows = []
     for apply, hits, rel in (("materialized", [1, 1, 0, 1], 0.2), ("action", [1, 1, 1, 1, 1], 0.01)):
@@ -48,7 +48,7 @@ def test_the_margin_at_a_miss_is_read_from_the_same_model_when_run_ids_repeat_ac
     """Two sweeps each have a job "bf16-0": the with-context margin at a miss must come from the model that
     missed, and the docs' table prints it."""
     from experiments.goldwaser.bf16_ways import markdown
-    from experiments.goldwaser.patch_match_plots import ways_table
+    from experiments.goldwaser.patch_match.plots import ways_table
 
     rows = []
     for model, hit, margin in (("a", 0.0, 0.25), ("b", 1.0, 3.0)):
