@@ -86,7 +86,7 @@ def test_k_beyond_the_layers_rank_is_one_line_with_the_limit(tmp_path):
 
 
 def test_k_beyond_the_reply_is_one_line_with_the_limit():
-    from experiments.goldwaser.context_compile_measure import require_positions
+    from experiments.goldwaser.context_compile.measure import require_positions
 
     require_positions(5, 5, 0)
     with pytest.raises(UserError, match=r"k=6 is more than the positions generated.*k ≤ 5"):
@@ -116,7 +116,7 @@ def test_existing_non_empty_out_folder_is_refused_and_left_alone(tmp_path):
 
 # -- the claims can fail --------------------------------------------------------------------------------
 def _claims_for(tmp_path, fitted_error: float, reload_top1: float) -> pd.DataFrame:
-    from experiments.goldwaser.context_compile import check_claims
+    from experiments.goldwaser.context_compile.claims import check_claims
 
     ctx = RunContext(run_dir=tmp_path, experiment="context_compile", run_id="t", dtype=torch.float32)
     base = dict(model="tiny-llama", model_type="llama", prompt=0)

@@ -1,6 +1,6 @@
 """context_compile's measurement for one prompt: the reply with the context, the targets, the fixed patch
 for every k, the control, the per-token patch, and (first prompt) the checkpoint reloaded in stock
-transformers. See context_compile.py for the design; the maths is in experiments/patching/fixed_patch.py.
+transformers. See run.py for the design; the maths is in experiments/patching/fixed_patch.py.
 """
 
 from __future__ import annotations
