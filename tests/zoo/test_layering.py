@@ -6,11 +6,16 @@ prompts); patching (context -> weights, the architecture adapters); the papers (
 karbevski, xu_fang). Imports inside functions count too: a lazy import is still a dependency, and the
 cycle gemma_models <-> patch_models that this test was written against was one. The one exception is
 LAZY_WINDOWS: zoo/architectures.py asks the adapters, inside its functions only.
+Last, an experiment that is a package declares itself in an __init__.py that imports nothing heavy
+(checked in a fresh interpreter).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -228,3 +233,33 @@ def test_experiments_do_not_borrow_from_one_another():
     edges = {"experiments.goldwaser.layer_errors.run": {"experiments.goldwaser.patch_match.plots"}}
     assert sideways_imports(edges, {"experiments.goldwaser.layer_errors", "experiments.goldwaser.patch_match"}) == [
         "experiments.goldwaser.layer_errors.run -> experiments.goldwaser.patch_match.plots"]
+
+
+# -- a package experiment's declaration ----------------------------------------------------------------
+HEAVY = ("torch", "transformers", "pandas", "numpy", "matplotlib", "omegaconf")
+
+
+def heavy_imports(modules: list[str]) -> list[str]:
+    """The HEAVY packages that importing `modules` pulls in, in a fresh interpreter (this one has them all)."""
+    code = ("import importlib, sys; [importlib.import_module(m) for m in sys.argv[2:]]; "
+            "print(','.join(m for m in sys.argv[1].split(',') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code, ",".join(HEAVY), *modules], env=env, cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return [m for m in out.split(",") if m]
+
+
+def test_a_package_experiments_declaration_imports_nothing_heavy():
+    """An experiment that is a package (experiments/<paper>/<name>/__init__.py) declares EXPERIMENT there and
+    imports run.py, claims.py and plots.py only when run, plot or validate is called: `icl-exp list`, the
+    registry's get() and the package's light modules (system_compile/schema.py, imported by the paper's
+    schema) must not wait for torch."""
+    from experiments.core.registry import _module_name, experiment_names
+
+    packages = [m for m in map(_module_name, experiment_names())
+                if (ROOT / Path(*m.split(".")) / "__init__.py").is_file()]
+    assert {"experiments.goldwaser.system_compile", "experiments.goldwaser.patch_match"} <= set(packages)
+    assert heavy_imports(packages) == []
+    # the control: the run module behind a declaration does pull torch in
+    assert "torch" in heavy_imports(["experiments.goldwaser.patch_match.run"])
+
