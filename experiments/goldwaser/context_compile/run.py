@@ -22,10 +22,6 @@ experiment measures how far ONE weight change can stand in for a prompt. For eac
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pandas as pd
-
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
 from experiments.goldwaser.schema import ContextCompileConfig
@@ -78,9 +74,3 @@ def run(cfg: ContextCompileConfig, ctx: RunContext) -> None:
             compile_prompt(cfg, ctx, bundle, p, text, stop_ids(cfg, bundle),
                            save_to=ctx.run_dir if (p == 0 and cfg.save) else None)
     check_claims(cfg, ctx, ctx.metrics())
-
-
-def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
-    from experiments.goldwaser.context_compile.plots import plot_all
-
-    return plot_all(metrics, figures_dir)

@@ -28,9 +28,9 @@ def _run(cfg, ctx) -> None:
 
 
 def _plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
-    from experiments.goldwaser.system_compile.run import plot
+    from experiments.goldwaser.system_compile.plots import plot_all
 
-    return plot(metrics, figures_dir)
+    return plot_all(metrics, figures_dir)
 
 
 def _validate(cfg) -> None:

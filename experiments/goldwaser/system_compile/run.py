@@ -27,8 +27,6 @@ import functools
 import logging
 from pathlib import Path
 
-import pandas as pd
-
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
 from experiments.goldwaser.system_compile.schema import SystemCompileConfig
@@ -210,10 +208,3 @@ def run(cfg: SystemCompileConfig, ctx: RunContext) -> None:
             ctx.flush()
             bar.advance(1, info=prompt.name)
     check_claims(cfg, ctx, ctx.metrics())
-
-
-def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
-    from experiments.goldwaser.system_compile.plots import plot_all
-
-    return plot_all(metrics, figures_dir)
-
