@@ -73,6 +73,21 @@ class Experiment:
         return f[1:-1] if f.startswith("(") and f.endswith(")") else f
 
 
+class Later:
+    """`module:function`, imported when first called: how a package's declaration (its __init__.py) names its
+    run, plot and validate without importing them, so that `icl-exp list` and the schemas cost no torch. An
+    object rather than a closure, so that a declaration stays picklable."""
+
+    def __init__(self, target: str):
+        self.module, _, self.function = target.partition(":")
+
+    def __call__(self, *args, **kwargs):
+        return getattr(importlib.import_module(self.module), self.function)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Later({self.module}:{self.function})"
+
+
 def experiment_names() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 

@@ -264,11 +264,13 @@ def test_a_package_experiments_declaration_imports_nothing_heavy():
     assert "torch" in heavy_imports(["experiments.goldwaser.patch_match.run"])
 
 
-def lazy_targets(path: Path) -> list[tuple[str, str]]:
-    """(module, name) of every `from module import name` inside a function of a declaration: its run, plot
-    and validate, whose imports nothing else runs until a run or a plot."""
-    return [(node.module, alias.name) for fn in ast.parse(path.read_text()).body if isinstance(fn, ast.FunctionDef)
-            for node in ast.walk(fn) if isinstance(node, ast.ImportFrom) for alias in node.names]
+def later_targets(experiment) -> list[tuple[str, str]]:
+    """(module, function) of each of a declaration's run, plot and validate given as `registry.Later`: what
+    nothing imports until a run or a plot."""
+    from experiments.core.registry import Later
+
+    fns = (experiment.run, experiment.plot, experiment.validate)
+    return [(f.module, f.function) for f in fns if isinstance(f, Later)]
 
 
 def missing(targets: list[tuple[str, str]]) -> list[str]:
@@ -280,16 +282,14 @@ def missing(targets: list[tuple[str, str]]) -> list[str]:
                           capture_output=True, text=True, check=True).stdout.split()
 
 
-def test_a_package_experiments_lazy_imports_resolve(tmp_path):
-    """What a declaration's run, plot and validate import exists (a name moved between run.py and plots.py
+def test_a_package_experiments_lazy_imports_resolve():
+    """What a declaration's run, plot and validate name exists (a name moved between run.py and plots.py
     would otherwise show only when an experiment is run or plotted)."""
-    from experiments.core.registry import _module_name, experiment_names
+    from experiments.core.registry import all_experiments
 
-    inits = [ROOT / Path(*m.split(".")) / "__init__.py" for m in map(_module_name, experiment_names())]
-    targets = sorted({t for path in inits if path.is_file() for t in lazy_targets(path)})
+    targets = sorted({t for exp in all_experiments() for t in later_targets(exp)})
     assert len(targets) >= 8  # run and plot of each package experiment at least
     assert missing(targets) == []
-    # the control: a wrapper naming plot where plots.py has plot_all (the slip this test was written after)
-    wrong = tmp_path / "__init__.py"
-    wrong.write_text("def _plot(m, d):\n    from experiments.goldwaser.context_compile.plots import plot\n")
-    assert missing(lazy_targets(wrong)) == ["experiments.goldwaser.context_compile.plots:plot"]
+    # the control: a declaration naming plot where plots.py has plot_all (the slip this test was written after)
+    assert missing([("experiments.goldwaser.context_compile.plots", "plot")]) == [
+        "experiments.goldwaser.context_compile.plots:plot"]

@@ -9,42 +9,14 @@ import their modules only when called.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from experiments.core.registry import Experiment
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    import pandas as pd
-
-
-# named with a leading underscore: a function `run` here would be replaced by the submodule run.py as the
-# package's attribute once that is imported
-def _run(cfg, ctx) -> None:
-    from experiments.goldwaser.layer_errors.run import run
-
-    run(cfg, ctx)
-
-
-def _plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
-    from experiments.goldwaser.layer_errors.plots import plot
-
-    return plot(metrics, figures_dir)
-
-
-def _validate(cfg) -> None:
-    from experiments.goldwaser.layer_errors.run import validate
-
-    validate(cfg)
-
+from experiments.core.registry import Experiment, Later
 
 EXPERIMENT = Experiment(
     name="layer_errors",
     paper="Goldwaser et al.",
     figures="Alg. 1, App. B (per layer)",
     description="per-layer error, gain and one-ulp sensitivity of the open vs closed loop, float32 and float64",
-    run=_run,
-    plot=_plot,
-    validate=_validate,
+    run=Later(f"{__name__}.run:run"),
+    plot=Later(f"{__name__}.plots:plot"),
+    validate=Later(f"{__name__}.run:validate"),
 )
