@@ -128,7 +128,7 @@ def choose_point(cfg: SystemCompileConfig, ctx: RunContext, lm, adapter, ref: Re
     (budget_rank, budget_ridge, budget_steps)."""
     grid = points(cfg, method)
     validation = ref.indices("fit")[len(ref.indices("fit")) - cfg.validation:] if cfg.validation else []
-    if not validation:
+    if not validation or len(grid) == 1:  # nothing to choose: no compile on the other fit queries
         return grid[0]
     train = [it for it in items if it.query not in set(validation)]
     scored = []
