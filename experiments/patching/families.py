@@ -6,7 +6,7 @@ what only names the families (`icl-exp patch export --help`, the docs generator)
 torch, which every adapter file does through arch/base.py.
 
 A record restates a few of its adapter's fields (name, model_types, theorem, tiny model, whether App. B's
-post-norm steps apply) for those torch-free readers; tests/patching/test_rules.py fails when one differs from
+post-norm steps apply) for those torch-free readers; tests/patching/test_family_table.py fails when one differs from
 the adapter, which stays the truth. `block` is the docs table's one-line description of the decoder block.
 
     python -m experiments.patching.families --markdown   # the docs table

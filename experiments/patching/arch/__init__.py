@@ -19,7 +19,7 @@ from experiments.core.errors import UserError
 from experiments.patching.arch.base import BlockAdapter
 from experiments.patching.families import FAMILY_TABLE
 
-# each record's adapter file, in the table's order (tests/patching/test_rules.py: the records agree with them)
+# each record's adapter file, in the table's order (tests/patching/test_family_table.py: the records agree with them)
 FAMILIES: tuple[BlockAdapter, ...] = tuple(import_module(f"{__name__}.{f.module}").ADAPTER for f in FAMILY_TABLE)
 ADAPTERS: dict[str, BlockAdapter] = {t: adapter for adapter in FAMILIES for t in adapter.model_types}
 # model_type -> the forms its module tree allows (structure.py), most likely first, for a family without an
