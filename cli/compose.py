@@ -46,15 +46,9 @@ def expand(parsed: list[Override]) -> list[list[str]]:
     """All combinations of a sweep's values (choice and range sweeps), as plain override lists."""
     options: list[list[str]] = []
     for o in parsed:
-        if o.is_sweep_override():
-            try:
-                values = list(o.sweep_string_iterator())
-            except Exception:  # interval / glob sweeps: leave them to Hydra
-                values = []
-            if not values:
-                continue
-            options.append([f"{o.get_key_element()}={v}" for v in values])
-        else:
+        if not o.is_sweep_override():
             options.append([o.input_line])
+        elif values := override_values(o):  # interval / glob sweeps (None): left to Hydra
+            options.append([f"{o.get_key_element()}={v}" for v in values])
     combos = itertools.islice(itertools.product(*options), MAX_COMBINATIONS_CHECKED)
     return [list(c) for c in combos]
