@@ -77,6 +77,9 @@ def section(cls: type, **values) -> dataclasses.Field:
     return dataclasses.field(default_factory=lambda: cls(**values))
 
 
+_SCHEMAS: dict[type, type] = {}  # sections -> its schema: built once, so that each is one class (it pickles)
+
+
 def experiment_schema(sections: type) -> type:
     """The schema of a whole experiment config: Common's keys, then the experiment's own (`sections`, a
     dataclass), then `preset`, in the order Hydra composes them (conf/config.yaml, the experiment's yaml,
@@ -84,6 +87,9 @@ def experiment_schema(sections: type) -> type:
     a subclass of Common would put `preset` before the experiment's keys. A key of Common that `sections`
     declares again (linreg_icl's `threads: int | None = 1`) is the experiment's default for it, in
     Common's place."""
+    if sections in _SCHEMAS:
+        return _SCHEMAS[sections]
+
     def typed_fields(cls: type) -> list[tuple]:  # real types: the annotations are strings here
         hints = typing.get_type_hints(cls)
         return [(f.name, hints[f.name], f) for f in dataclasses.fields(cls)]
@@ -101,7 +107,22 @@ def experiment_schema(sections: type) -> type:
     # launchers send it to their jobs, which import that module to read it back)
     schema.__module__ = sections.__module__
     setattr(sys.modules[sections.__module__], name, schema)
+    _SCHEMAS[sections] = schema
     return schema
+
+
+def experiment_name(sections: type) -> str:
+    """The experiment a schema's sections class is for, from its class name, so that the name is written once
+    (as conf/experiment/<name>.yaml and the module's file name): SystemCompile -> system_compile, CovIclGd ->
+    cov_icl_gd, FactorizationExperiment -> factorization (the suffix where the plain name is taken)."""
+    import re
+
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", sections.__name__.removesuffix("Experiment")).lower()
+
+
+def experiment_schemas(*sections: type) -> dict[str, type]:
+    """A paper's SCHEMAS (experiment name -> schema) from its experiments' sections classes."""
+    return {experiment_name(cls): experiment_schema(cls) for cls in sections}
 
 
 def register_schemas() -> None:

@@ -1,8 +1,10 @@
 """The experiment registry.
 
 An experiment is a module `experiments/<paper>/<name>.py` (one package per paper, PAPER_PACKAGES)
-that defines `EXPERIMENT = Experiment(...)` next to a config `conf/experiment/<name>.yaml`.
-Discovery pairs the two, so adding an experiment touches no central list. Modules are imported
+that defines `EXPERIMENT = Experiment(paper=..., ...)` next to a config `conf/experiment/<name>.yaml`.
+Discovery pairs the two, so adding an experiment touches no central list, and the name is written once, as
+the two files' names (the registry fills in Experiment.name; the schema's key comes from its class name,
+config_schema.experiment_schemas). Modules are imported
 only when used (`list` reads the metadata by importing, which is cheap because heavy imports such
 as transformers are done inside functions).
 
@@ -17,7 +19,7 @@ import difflib
 import importlib
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,7 +36,6 @@ CONF_DIR = REPO_ROOT / "conf"
 
 @dataclass(frozen=True)
 class Experiment:
-    name: str
     paper: str  # e.g. "Dherin et al."
     figures: str  # e.g. "Fig. 2"
     description: str  # one line
@@ -55,6 +56,9 @@ class Experiment:
     # a sweep over seeds only: the fraction of seeds a claim must pass on to pass (core/seeds.py); every seed
     # unless an experiment says why fewer suffice
     seed_quorum: float = 1.0
+    # the experiment's name, written once: its file names (conf/experiment/<name>.yaml, experiments/<paper>/
+    # <name>.py or <name>/), from which the registry fills it in (get); a declaration leaves it out
+    name: str = field(default="", kw_only=True)
 
     def config(self, cfg: DictConfig):
         """What run() and validate() take: the schema's dataclass instance (config_schema.typed), so an
@@ -105,9 +109,12 @@ def get(name: str) -> Experiment:
     check_name(name)
     module = importlib.import_module(_module_name(name))
     exp = getattr(module, "EXPERIMENT", None)
-    if not isinstance(exp, Experiment) or exp.name != name:
-        raise RuntimeError(f"{module.__name__} must define EXPERIMENT = Experiment(name={name!r}, ...)")
-    return exp
+    if not isinstance(exp, Experiment):
+        raise RuntimeError(f"{module.__name__} must define EXPERIMENT = Experiment(paper=..., ...)")
+    if exp.name:  # the name is the file's: a declaration that writes it again could only disagree
+        raise RuntimeError(f"{module.__name__}: EXPERIMENT names itself {exp.name!r}; leave name= out "
+                           f"(the registry takes it from conf/experiment/{name}.yaml)")
+    return replace(exp, name=name)
 
 
 def _module_name(name: str) -> str:
@@ -149,11 +156,10 @@ def describe(name: str) -> tuple[str, str, str, str]:
             fields = {k.arg: k.value for k in node.value.keywords}
             try:
                 values = [constants[fields[f].id] if isinstance(fields.get(f), ast.Name)
-                          else ast.literal_eval(fields[f]) for f in ("name", "paper", "figures", "description")]
+                          else ast.literal_eval(fields[f]) for f in ("paper", "figures", "description")]
             except (KeyError, ValueError):
                 break
-            if values[0] == name:
-                return tuple(values)
+            return (name, *values)
     exp = get(name)
     return exp.name, exp.paper, exp.figures, exp.description
 

@@ -232,7 +232,6 @@ def validate(cfg: DwConvergenceConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="dw_convergence",
     paper="Dherin et al.",
     figures="Fig. 3",
     description="the prefix patches (ΔW)_i form gradient steps (Prop. 3.1) whose increments vanish with i",

@@ -199,7 +199,6 @@ def validate(cfg: FactorizationConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="factorization",
     paper="Dherin et al.",
     figures="App. E (Eqs. 27–31)",
     description="token-by-token factorized dynamics: output kept at every step (Eq 28), product form of W_n (Eq 31)",

@@ -284,7 +284,6 @@ def validate(cfg: FinetuneCompareConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="finetune_compare",
     paper="Dherin et al.",
     figures="Fig. 4",
     description="implicit update ΔW(C_i) vs finetuning W by SGD on the same examples: test loss and alignment",

@@ -158,7 +158,6 @@ def validate(cfg: LinregIclConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="linreg_icl",
     paper="Dherin et al.",
     figures="Fig. 2",
     description="in-context linear regression: prediction with context = prediction via the rank-1 ΔW patch",

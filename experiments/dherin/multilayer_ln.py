@@ -155,7 +155,6 @@ def validate(cfg: MultilayerLnConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="multilayer_ln",
     paper="Dherin et al.",
     figures="Fig. 5",
     description="10-block post-LN transformer: the context moved into every block's W₁ and b₂, first block to last",

@@ -209,7 +209,6 @@ def validate(cfg: RnnContextConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="rnn_context",
     paper="Dherin et al.",
     figures="Fig. 6",
     description="RNN as the contextual layer: the ΔW patch is still exact, but its increments do not converge",

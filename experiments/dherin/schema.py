@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from omegaconf import MISSING
 
-from experiments.core.config_schema import experiment_schema, section
+from experiments.core.config_schema import experiment_schemas, section
 
 
 @dataclass
@@ -234,7 +234,6 @@ class RnnContext:
 
 # Each experiment's schema, registered by config_schema.register_schemas (experiment_schema binds it to
 # this module as <Name>Config).
-SCHEMAS = {"linreg_icl": experiment_schema(LinregIcl), "dw_convergence": experiment_schema(DwConvergence),
-           "finetune_compare": experiment_schema(FinetuneCompare),
-           "factorization": experiment_schema(FactorizationExperiment),
-           "multilayer_ln": experiment_schema(MultilayerLn), "rnn_context": experiment_schema(RnnContext)}
+# experiment name -> schema, each name from its class name (SystemCompile -> system_compile)
+SCHEMAS = experiment_schemas(LinregIcl, DwConvergence, FinetuneCompare, FactorizationExperiment, MultilayerLn,
+                             RnnContext)

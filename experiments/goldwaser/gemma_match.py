@@ -14,7 +14,6 @@ from experiments.goldwaser.patch_match.plots import plot
 from experiments.goldwaser.patch_match.run import run, validate
 
 EXPERIMENT = Experiment(
-    name="gemma_match",
     paper="Goldwaser et al.",
     figures="Figs. 3–5",
     description="Gemma 3 without context, patched per token (Thm 1, Alg. 1, App. B), vs with context",

@@ -149,7 +149,6 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 
 EXPERIMENT = Experiment(
-    name="patch_export",
     paper="Goldwaser et al.",
     figures="(checkpoint)",
     description="a prompt's context in the weights, saved as a stock transformers checkpoint",

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from experiments.core.config_schema import default, experiment_schema
-from experiments.goldwaser.system_compile.schema import SystemCompileConfig  # its own module
+from experiments.core.config_schema import default, experiment_schemas
+from experiments.goldwaser.system_compile.schema import SystemCompile  # its own module
 from experiments.patching.kinds import ADVANCE_MODES, APPLY_MODES
 from experiments.patching.variants import VARIANTS
 
@@ -180,7 +180,5 @@ class ContextCompile:
 
 # Each experiment's schema, registered by config_schema.register_schemas (experiment_schema binds it to
 # this module as <Name>Config).
-SCHEMAS = {"patch_match": experiment_schema(PatchMatch), "gemma_match": experiment_schema(GemmaMatch),
-           "patch_export": experiment_schema(PatchExport), "layer_errors": experiment_schema(LayerErrors),
-           "context_compile": experiment_schema(ContextCompile),
-           "system_compile": SystemCompileConfig}
+# experiment name -> schema, each name from its class name (SystemCompile -> system_compile)
+SCHEMAS = experiment_schemas(PatchMatch, GemmaMatch, PatchExport, LayerErrors, ContextCompile, SystemCompile)

@@ -184,7 +184,6 @@ def validate(cfg: AttentionScaleConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="attention_scale",
     paper="Karbevski & Mijoski",
     figures="App. 8.1",
     description="std of attention scores at init, baseline vs W_Q = I: the 1.8 ratio and the 1/2 scale",

@@ -260,7 +260,6 @@ def validate(cfg: BasisTransferConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="basis_transfer",
     paper="Karbevski & Mijoski",
     figures="App. 8.3 Fig. 2",
     description="a skip-GELU MLP learns a basis-changed skip MLP; optimal linear map as the baseline",

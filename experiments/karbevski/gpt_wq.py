@@ -286,7 +286,6 @@ def validate(cfg: GptWqConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="gpt_wq",
     paper="Karbevski & Mijoski",
     figures="Table 2, Fig. 1",
     description="GPT-2 small pretraining with W_Q = I vs parameter-matched baselines (five variants)",

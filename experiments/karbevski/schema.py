@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from experiments.core.config_schema import Dtype, default, experiment_schema, section
+from experiments.core.config_schema import Dtype, default, experiment_schemas, section
 
 
 class GptVariant(StrEnum):
@@ -229,5 +229,5 @@ class BasisTransfer:
 
 # Each experiment's schema, registered by config_schema.register_schemas (experiment_schema binds it to
 # this module as <Name>Config).
-SCHEMAS = {"gpt_wq": experiment_schema(GptWq), "wq_reparam": experiment_schema(WqReparam),
-           "attention_scale": experiment_schema(AttentionScale), "basis_transfer": experiment_schema(BasisTransfer)}
+# experiment name -> schema, each name from its class name (SystemCompile -> system_compile)
+SCHEMAS = experiment_schemas(GptWq, WqReparam, AttentionScale, BasisTransfer)

@@ -312,7 +312,6 @@ def validate(cfg: WqReparamConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="wq_reparam",
     paper=PAPER,
     figures="§3-4, App. 8.2-8.5 (theorems)",
     description="every W_Q = I construction in float64 beside a failing control; the obstructions measured",

@@ -185,7 +185,6 @@ def validate(cfg: CovAlignmentConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="cov_alignment",
     paper="Xu & Fang",
     figures="Fig. 2",
     description="a frozen random softmax head's output aligns with Θ_V Σ Θ_Kᵀ Θ_Q x_t along the context (Thm 3.4)",

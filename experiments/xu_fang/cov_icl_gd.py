@@ -239,7 +239,6 @@ def validate(cfg: CovIclGdConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="cov_icl_gd",
     paper="Xu & Fang",
     figures="Fig. 1 a-d",
     description="one selector head = one population GD step; an 8-block residual stack = 8 steps (Cor. 4.1, Prop. 4.4)",

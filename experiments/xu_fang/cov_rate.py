@@ -188,7 +188,6 @@ def validate(cfg: CovRateConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="cov_rate",
     paper="Xu & Fang",
     figures="Thm 3.6 (no figure in the paper)",
     description="E‖X̄_n(q) − m_x(q)‖² ∝ τ_α tr Σ / n for i.i.d. and AR(1) streams",

@@ -153,7 +153,6 @@ def validate(cfg: MarkovCollapseConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="markov_collapse",
     paper="Xu & Fang",
     figures="Thm 5.2 (no figure in the paper)",
     description="an L-layer attention stack forgets its context: E‖h_t^(L) − F^(L)(x_t)‖² ∝ 1/t",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.core.config_schema import default, experiment_schema, section
+from experiments.core.config_schema import default, experiment_schemas, section
 
 
 @dataclass
@@ -138,5 +138,5 @@ class MarkovCollapse:
 
 # Each experiment's schema, registered by config_schema.register_schemas (experiment_schema binds it to
 # this module as <Name>Config).
-SCHEMAS = {"cov_alignment": experiment_schema(CovAlignment), "cov_icl_gd": experiment_schema(CovIclGd),
-           "cov_rate": experiment_schema(CovRate), "markov_collapse": experiment_schema(MarkovCollapse)}
+# experiment name -> schema, each name from its class name (SystemCompile -> system_compile)
+SCHEMAS = experiment_schemas(CovAlignment, CovIclGd, CovRate, MarkovCollapse)

@@ -95,7 +95,7 @@ def _failing_experiment(exc: BaseException) -> Experiment:
         ctx.log("partial", 1.0, step=0)
         raise exc
 
-    return Experiment("boom", "nobody", "none", "fails on purpose", run=run, plot=lambda m, d: [])
+    return Experiment("nobody", "none", "fails on purpose", run=run, plot=lambda m, d: [], name="boom")
 
 
 @pytest.mark.parametrize("exc, status", [(RuntimeError("kaboom"), "failed"), (KeyboardInterrupt(), "interrupted")])

@@ -25,7 +25,7 @@ def _plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 @pytest.fixture
 def fake_experiment(monkeypatch):
-    exp = Experiment("fake", "nobody", "none", "for plot tests", run=lambda cfg, ctx: None, plot=_plot)
+    exp = Experiment("nobody", "none", "for plot tests", run=lambda cfg, ctx: None, plot=_plot, name="fake")
     monkeypatch.setattr(registry, "get", lambda name: exp)
 
 

@@ -57,3 +57,32 @@ def test_a_preset_changes_only_what_it_changes(path):
         if current == value:
             restated.append(f"{key}={value}")
     assert restated == [], f"{path.relative_to(CONF_DIR)} restates the paper default: {', '.join(restated)}"
+
+
+def test_an_experiments_name_is_written_once():
+    """The name is the files' (conf/experiment/<name>.yaml, the module or package): no declaration writes it
+    again (the registry fills it in), the schemas are keyed by their class names and pair with the yamls
+    exactly, and a declaration that names itself is refused rather than trusted."""
+    import importlib.util
+    import re
+    from dataclasses import replace
+
+    from experiments.core import registry
+    from experiments.core.papers import PAPER_PACKAGES
+
+    for name in experiment_names():
+        source = Path(importlib.util.find_spec(registry._module_name(name)).origin).read_text()
+        assert not re.search(r"EXPERIMENT = Experiment\([^)]*\bname=", source), f"{name} writes its name again"
+        assert registry.get(name).name == name
+    keyed = [key for package in PAPER_PACKAGES
+             for key in importlib.import_module(f"experiments.{package}.schema").SCHEMAS]
+    assert sorted(keyed) == experiment_names()
+
+    module = importlib.import_module(registry._module_name("cov_rate"))
+    original = module.EXPERIMENT
+    try:
+        module.EXPERIMENT = replace(original, name="cov_rates")
+        with pytest.raises(RuntimeError, match="leave name= out"):
+            registry.get("cov_rate")
+    finally:
+        module.EXPERIMENT = original

@@ -176,7 +176,6 @@ def validate(cfg: DictConfig) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="mean_rate",
     paper="Xu & Fang",
     figures="(recipe check)",
     description="n·Var(X̄_n)/σ² = 1 for independent draws",
@@ -227,11 +226,11 @@ def test_mean_rate_fails_on_dependent_draws(tmp_path):
 
 
 def _add_schema(path: Path) -> None:
-    """The dataclass before SCHEMAS, and its line in SCHEMAS."""
+    """The dataclass before SCHEMAS, and its class among SCHEMAS' (the class name says the experiment's)."""
     text = path.read_text()
-    assert "\nSCHEMAS = {" in text, "the paper's schema.py has no SCHEMAS = {...} to add a line to"
-    head, _, tail = text.partition("\nSCHEMAS = {")
-    path.write_text(f'{head}{SCHEMA}SCHEMAS = {{"{NAME}": experiment_schema(MeanRate), {tail}')
+    assert "\nSCHEMAS = experiment_schemas(" in text, "the paper's schema.py has no SCHEMAS = experiment_schemas(...)"
+    head, _, tail = text.partition("\nSCHEMAS = experiment_schemas(")
+    path.write_text(f"{head}{SCHEMA}SCHEMAS = experiment_schemas(MeanRate, {tail}")
 
 
 def follow(row: Row, repo: Path) -> None:

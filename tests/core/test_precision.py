@@ -31,7 +31,8 @@ def _probe(seen: dict) -> Experiment:
         seen["matmul"] = torch.get_float32_matmul_precision()
         ctx.log("probe", 1.0)
 
-    return Experiment("probe", "nobody", "none", "records the precision it runs in", run=run, plot=lambda m, d: [])
+    return Experiment("nobody", "none", "records the precision it runs in", run=run, plot=lambda m, d: [],
+                      name="probe")
 
 
 def _run(tmp_path, monkeypatch, cuda: bool = False, **keys) -> tuple[dict, dict]:
@@ -86,7 +87,7 @@ def test_an_experiments_mixed_precision_is_kept_and_a_bare_dtype_is_not(tmp_path
         ctx.precision = ctx_precision["value"]
         ctx.log("probe", 1.0)
 
-    monkeypatch.setattr(registry, "get", lambda name: Experiment("probe", "n", "none", "p", run=run,
+    monkeypatch.setattr(registry, "get", lambda name: Experiment("n", "none", "p", run=run, name="probe",
                                                                  plot=lambda m, d: []))
     for value, expected in (("bfloat16 autocast, float32 weights", "bfloat16 autocast, float32 weights"),
                             ("float32", "float32 (IEEE)")):
@@ -123,7 +124,7 @@ def test_deterministic_kernels_where_a_config_asks_and_only_there(tmp_path, monk
         seen["deterministic"] = torch.are_deterministic_algorithms_enabled()
         ctx.log("probe", 1.0)
 
-    monkeypatch.setattr(registry, "get", lambda name: Experiment("probe", "n", "none", "p", run=run,
+    monkeypatch.setattr(registry, "get", lambda name: Experiment("n", "none", "p", run=run, name="probe",
                                                                  plot=lambda m, d: []))
     cfg = OmegaConf.create({"seed": 0, "device": "cpu", "dtype": "float32", "deterministic": True})
     runner.run("probe", cfg, tmp_path / "a", "r", [])

@@ -12,7 +12,6 @@ from __future__ import annotations
 from experiments.core.registry import Experiment, Later
 
 EXPERIMENT = Experiment(
-    name="context_compile",
     paper="Goldwaser et al.",
     figures="(extension §6)",
     description="one fixed weight change fitted at k positions stands in for a prompt: how far it carries",

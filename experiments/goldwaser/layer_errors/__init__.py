@@ -12,7 +12,6 @@ from __future__ import annotations
 from experiments.core.registry import Experiment, Later
 
 EXPERIMENT = Experiment(
-    name="layer_errors",
     paper="Goldwaser et al.",
     figures="Alg. 1, App. B (per layer)",
     description="per-layer error, gain and one-ulp sensitivity of the open vs closed loop, float32 and float64",

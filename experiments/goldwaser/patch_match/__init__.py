@@ -12,7 +12,6 @@ from __future__ import annotations
 from experiments.core.registry import Experiment, Later
 
 EXPERIMENT = Experiment(
-    name="patch_match",
     paper="Goldwaser et al.",
     figures="Figs. 3–4, Table 1",
     description="any supported decoder without context, patched per token (Table 1 rules), vs with context",

@@ -12,7 +12,6 @@ from __future__ import annotations
 from experiments.core.registry import Experiment, Later
 
 EXPERIMENT = Experiment(
-    name="system_compile",
     paper="Goldwaser et al.",
     figures="(extension: system prompts)",
     description="a system prompt compiled into weights: analytic fixed patch vs prompt baking, on held-out queries",
