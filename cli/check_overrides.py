@@ -24,8 +24,8 @@ def check_schema_registered(name: str) -> None:
     register_schemas()
     if f"{name}.yaml" not in ConfigStore.instance().list(GROUP):
         raise UserError(f"experiment {name} has no schema: add its dataclass (its keys, types and defaults) to "
-                        f"experiments/<paper>/schema.py and the class to SCHEMAS = experiment_schemas(...) there (its name "
-                        f"says the experiment's: {_camel(name)} for {name}), as every other experiment does")
+                        f"experiments/<paper>/schema.py and the class to SCHEMAS = experiment_schemas(...) there "
+                        f"(its name says the experiment's: {_camel(name)} for {name}), as every other experiment does")
 
 
 def _camel(name: str) -> str:
