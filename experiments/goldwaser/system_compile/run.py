@@ -29,6 +29,7 @@ from pathlib import Path
 
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
+from experiments.core.validation import require_positive
 from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,6 @@ def system_prompts(cfg: SystemCompileConfig):
     if len(set(names)) != len(names):
         raise UserError(f"system prompt names must differ: {', '.join(names)}")
     return prompts
-
-
-def _positive(cfg: SystemCompileConfig, *keys: str) -> None:
-    for key in keys:
-        value = getattr(cfg, key)
-        if value is None or value < 1:
-            raise UserError(f"{key}={value} must be a positive integer")
 
 
 def load_tokenizer(name: str):
@@ -116,9 +110,9 @@ def validate(cfg: SystemCompileConfig) -> None:
 
     prompts = system_prompts(cfg)
     fit, held = split(cfg)
-    _positive(cfg, "max_new_tokens", "rank", "steps", "batch", "samples")
+    require_positive(cfg, "max_new_tokens", "rank", "steps", "batch", "samples")
     if cfg.analytic_rank is not None:
-        _positive(cfg, "analytic_rank")
+        require_positive(cfg, "analytic_rank")
     if cfg.ridge < 0:
         raise UserError(f"ridge={cfg.ridge} must be 0 (the least-squares lemma) or more")
     if cfg.eval_every < 0:
