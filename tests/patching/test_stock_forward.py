@@ -4,6 +4,7 @@ next one gets, and the pass reads nothing back to the host per layer."""
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import pytest
@@ -107,24 +108,58 @@ def test_the_watch_sees_an_intercepted_pass():
     assert all(watch.replaced)
 
 
-def test_the_patched_tensors_are_all_computed_before_the_forward(monkeypatch):
-    """No layer's patch is computed during the forward: the fill runs n times before the model's forward."""
-    from experiments.patching import open_loop
+class _Ops(TorchDispatchMode):
+    """The ATen ops run while the model's own forward runs (between its forward pre-hook and its hook)."""
 
-    b = _bundle("tiny-llama")
-    patcher = Patcher(b.model, "naive")
-    query, step = _step(patcher, encode_prompt(b, PROMPT))
-    patcher.query_calls(query)
-    events = []
-    original = open_loop.fill
-    monkeypatch.setattr(open_loop, "fill", lambda *a, **k: events.append("fill") or original(*a, **k))
-    handle = patcher.model.register_forward_pre_hook(lambda *_: events.append("forward"))
+    def __init__(self, model):
+        super().__init__()
+        self.ops, self.on = collections.Counter(), False
+        self.handles = [model.register_forward_pre_hook(lambda *_: setattr(self, "on", True)),
+                        model.register_forward_hook(lambda *_: setattr(self, "on", False))]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += self.on
+        return func(*args, **(kwargs or {}))
+
+
+def _forward_ops(patcher, query, step) -> tuple[collections.Counter, collections.Counter]:
+    """The ops of the patched pass's model forward, and those of the stock forward of the same query."""
+    counted = _Ops(patcher.model)
     try:
-        patcher.patched_pass(query, step)
+        with counted:
+            patcher.patched_pass(query, step)
+        patched, counted.ops = counted.ops, collections.Counter()
+        with counted, torch.no_grad():
+            patcher.model(input_ids=query.view(1, 1), use_cache=False)
     finally:
-        handle.remove()
-    n = len(patcher.layers)
-    assert events == ["fill"] * n + ["forward"]
+        for h in counted.handles:
+            h.remove()
+    return patched, counted.ops
+
+
+# what the per-layer record adds to a forward: each layer's output copied (record_outputs)
+COPIES = {"select", "view", "detach", "clone"}
+
+
+@pytest.mark.parametrize(("name", "variant"), [("tiny-llama", "naive"), ("tiny-gemma3", "stable")])
+def test_no_patch_is_computed_during_the_forward(name, variant):
+    """During the open loop's forward the model runs the stock forward's ops and, beside them, only the copies
+    of each layer's output: no matmul, solve or norm of a patch. Every patched tensor exists before it."""
+    b = _bundle(name)
+    patcher = Patcher(b.model, variant)
+    query, step = _step(patcher, encode_prompt(b, PROMPT))
+    patched, stock = _forward_ops(patcher, query, step)
+    assert stock - patched == collections.Counter()  # the stock forward's ops, each at least as often
+    assert set(patched - stock) <= COPIES, patched - stock
+
+
+def test_the_op_count_sees_a_patch_computed_during_the_forward():
+    """The check above can fail: the closed loop (a construction) solves each layer inside the forward."""
+    b = _bundle("tiny-llama")
+    patcher = Patcher(b.model, "closed_loop")
+    query, step = _step(patcher, encode_prompt(b, PROMPT))
+    patched, stock = _forward_ops(patcher, query, step)
+    assert not set(patched - stock) <= COPIES
 
 
 class _HostReads(TorchDispatchMode):

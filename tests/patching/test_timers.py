@@ -1,40 +1,40 @@
 """Per-token timings in patching/generate.py on CUDA: each timer reads the clock only after
 torch.cuda.synchronize, so the with-context step's queued kernels are not counted in the patch timer.
-No GPU here: CUDA is reported initialized and `synchronize` is a mock that records when it is called."""
+No GPU here: CUDA is reported initialized and `synchronize` is a mock that records when it is called; the
+patcher is the real one on tiny-llama, its timed passes wrapped to record when they run (whatever they take)."""
 
 from __future__ import annotations
 
+import functools
+
+import pytest
 import torch
 
 from experiments.patching import generate
-from experiments.patching.patcher import ContextStep, PatchedPass, Patcher
-from experiments.patching.variants import VARIANTS
+from experiments.patching.patcher import Patcher
+
+TIMED = ("context_step", "patched_pass", "control_pass")
 
 
-class _Patcher:
-    """The three passes a generation step times, each recorded in `events`."""
+@pytest.fixture(scope="module")
+def tiny():
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.prompts import encode_prompt
 
-    variant = VARIANTS["naive"]
+    bundle = load_model("tiny-llama", torch.float32, "cpu", seed=0)
+    return bundle.model, encode_prompt(bundle, "A short prompt about snow.")
 
-    def __init__(self, events: list[str]):
-        self.events = events
 
-    def prefill(self, inputs):
-        return "cache"
-
-    start = Patcher.start  # the real split of a prompt into the prefill and the first query, over this prefill
-
-    def context_step(self, inputs, cache, logits=True):
-        self.events.append("context_step")
-        return ContextStep(torch.zeros(5), [], [], cache)
-
-    def patched_pass(self, query, step, keep=None, variant=None):
-        self.events.append("patched_pass")
-        return PatchedPass(logits=torch.zeros(5), hidden_linf=[], hidden_rel=[])
-
-    def control_pass(self, query, record):
-        self.events.append("control")
-        return PatchedPass(logits=torch.zeros(5), hidden_linf=[], hidden_rel=[])
+def _recording_patcher(model, events: list[str]) -> Patcher:
+    """The real patcher; each timed pass appends its name to `events` once it has run."""
+    patcher = Patcher(model, "naive")
+    for name in TIMED:
+        def recorded(*args, _name=name, _pass=getattr(patcher, name), **kwargs):
+            out = _pass(*args, **kwargs)
+            events.append(_name)
+            return out
+        setattr(patcher, name, functools.wraps(getattr(patcher, name))(recorded))
+    return patcher
 
 
 def _mock_cuda(monkeypatch, events: list[str]) -> None:
@@ -49,29 +49,31 @@ def _each_pass_is_synchronized_before_its_timer_stops(events: list[str], passes:
             assert events[i + 1] == "sync", events  # and stops after this pass's kernels
 
 
-def test_compare_generation_synchronizes_cuda_around_every_timed_pass(monkeypatch):
+def test_compare_generation_synchronizes_cuda_around_every_timed_pass(monkeypatch, tiny):
+    model, inputs = tiny
     events: list[str] = []
     _mock_cuda(monkeypatch, events)
-    inputs = {"input_ids": torch.tensor([[1, 2, 3]])}
-    steps = list(generate.compare_generation(_Patcher(events), inputs, max_new_tokens=3))
+    steps = list(generate.compare_generation(_recording_patcher(model, events), inputs, max_new_tokens=3))
     assert len(steps) == 3
-    _each_pass_is_synchronized_before_its_timer_stops(events, ["context_step", "patched_pass", "control"])
-    assert events.count("sync") == 3 * 6
+    assert [e for e in events if e != "sync"] == list(TIMED) * 3
+    _each_pass_is_synchronized_before_its_timer_stops(events, list(TIMED))
 
 
-def test_patched_generate_synchronizes_cuda_around_every_timed_pass(monkeypatch):
+def test_patched_generate_synchronizes_cuda_around_every_timed_pass(monkeypatch, tiny):
+    model, inputs = tiny
     events: list[str] = []
     _mock_cuda(monkeypatch, events)
-    inputs = {"input_ids": torch.tensor([[1, 2, 3]])}
-    tokens = list(generate.patched_generate(_Patcher(events), inputs, max_new_tokens=2))
+    tokens = list(generate.patched_generate(_recording_patcher(model, events), inputs, max_new_tokens=2))
     assert len(tokens) == 2
-    _each_pass_is_synchronized_before_its_timer_stops(events, ["context_step", "patched_pass"])
+    assert [e for e in events if e != "sync"] == ["context_step", "patched_pass"] * 2
+    _each_pass_is_synchronized_before_its_timer_stops(events, list(TIMED))
 
 
-def test_no_synchronize_when_cuda_was_never_used(monkeypatch):
+def test_no_synchronize_when_cuda_was_never_used(monkeypatch, tiny):
     """A CPU run must not create a CUDA context (hundreds of MB on a GPU machine) just to time itself."""
+    model, inputs = tiny
     events: list[str] = []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: events.append("sync"))
-    list(generate.compare_generation(_Patcher(events), {"input_ids": torch.tensor([[1, 2]])}, max_new_tokens=1))
-    assert "sync" not in events
+    list(generate.compare_generation(_recording_patcher(model, events), inputs, max_new_tokens=1))
+    assert events == list(TIMED)
