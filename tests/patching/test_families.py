@@ -19,7 +19,7 @@ from experiments.core.errors import UserError
 from experiments.patching.arch import STRUCTURAL, gpt_neox, llama, phi3, qwen3
 from experiments.patching.arch.base import tiny_common
 from experiments.patching.arch.check import check_adapter
-from experiments.zoo.tokenizer import byte_tokenizer
+from tests.helpers.checkpoints import checkpoint_folders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,16 +57,11 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
     from experiments.zoo.random_weights import randomize_
 
-    root = tmp_path_factory.mktemp("checkpoints")
-    tok = byte_tokenizer()
-    out = {}
-    for name, config_of in CHECKPOINTS.items():
+    def build(name: str, vocab: int):
         torch.manual_seed(0)
-        model = randomize_(AutoModelForCausalLM.from_config(config_of(len(tok))), 0)
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-        out[name] = root / name
-    return out
+        return randomize_(AutoModelForCausalLM.from_config(CHECKPOINTS[name](vocab)), 0)
+
+    return checkpoint_folders(tmp_path_factory.mktemp("checkpoints"), CHECKPOINTS, build)
 
 
 @pytest.mark.numeric  # float64 at rounding level: CI runs it again under another CPU kernel set

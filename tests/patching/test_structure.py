@@ -16,7 +16,7 @@ from experiments.core.errors import UserError
 from experiments.patching.arch import FAMILIES, STRUCTURAL, tiny
 from experiments.patching.arch.check import choose_adapter
 from experiments.patching.arch.structure import candidates
-from experiments.zoo.tokenizer import byte_tokenizer
+from tests.helpers.checkpoints import checkpoint_folders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -71,15 +71,8 @@ def as_trained(model):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
     """Each family's tiny random model saved with the byte tokenizer, as a user's checkpoint folder."""
-    root = tmp_path_factory.mktemp("structural")
-    tok = byte_tokenizer()
-    out = {}
-    for name in NEW:
-        model = as_trained(tiny_model(tiny.tiny_config(name, len(tok))))
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-        out[name] = root / name
-    return out
+    return checkpoint_folders(tmp_path_factory.mktemp("structural"), NEW,
+                              lambda name, vocab: as_trained(tiny_model(tiny.tiny_config(name, vocab))))
 
 
 @pytest.mark.numeric  # float64 at rounding level: CI runs it again under another CPU kernel set
