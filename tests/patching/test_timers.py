@@ -49,23 +49,16 @@ def _each_pass_is_synchronized_before_its_timer_stops(events: list[str], passes:
             assert events[i + 1] == "sync", events  # and stops after this pass's kernels
 
 
-def test_compare_generation_synchronizes_cuda_around_every_timed_pass(monkeypatch, tiny):
+@pytest.mark.parametrize(("generation", "passes"), [
+    (generate.compare_generation, TIMED),  # with context, patched, control: each timed, each token
+    (generate.patched_generate, ("context_step", "patched_pass")),
+], ids=["compare_generation", "patched_generate"])
+def test_every_timed_pass_is_synchronized_on_cuda(monkeypatch, tiny, generation, passes):
     model, inputs = tiny
     events: list[str] = []
     _mock_cuda(monkeypatch, events)
-    steps = list(generate.compare_generation(_recording_patcher(model, events), inputs, max_new_tokens=3))
-    assert len(steps) == 3
-    assert [e for e in events if e != "sync"] == list(TIMED) * 3
-    _each_pass_is_synchronized_before_its_timer_stops(events, list(TIMED))
-
-
-def test_patched_generate_synchronizes_cuda_around_every_timed_pass(monkeypatch, tiny):
-    model, inputs = tiny
-    events: list[str] = []
-    _mock_cuda(monkeypatch, events)
-    tokens = list(generate.patched_generate(_recording_patcher(model, events), inputs, max_new_tokens=2))
-    assert len(tokens) == 2
-    assert [e for e in events if e != "sync"] == ["context_step", "patched_pass"] * 2
+    assert len(list(generation(_recording_patcher(model, events), inputs, max_new_tokens=3))) == 3
+    assert [e for e in events if e != "sync"] == list(passes) * 3
     _each_pass_is_synchronized_before_its_timer_stops(events, list(TIMED))
 
 
