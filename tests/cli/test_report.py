@@ -321,19 +321,31 @@ def test_construction_claims_are_shown_apart_after_the_evidence(tmp_path):
     assert html.index("naive_float32_top1_match") < html.index("Construction:") < html.index("closed_loop_float32")
 
 
+def _linreg_run_with_docs_figure(folder, start: str):
+    """A finished linreg_icl run whose figures include the one docs/results.md shows (DOC_FIGURES)."""
+    from experiments.core.report.results_page import DOC_FIGURES
+
+    run = make_run(folder, "linreg_icl", start, [claim("dherin.fig2.patch_equals_context", 0.1, True)], figure=True)
+    shutil.copyfile(run / "figures" / "fig.png", run / "figures" / DOC_FIGURES["linreg_icl"][0])
+    return run
+
+
+def _results_md(tmp_path, root, *flags):
+    """`icl-exp report ROOT --results-md docs/results.md`: the process, and where linreg_icl's docs figure goes."""
+    from experiments.core.report.results_page import DOC_FIGURES
+
+    page = tmp_path / "docs" / "results.md"
+    proc = run_cli("report", str(root), *flags, "--results-md", str(page))
+    assert proc.returncode == 0, proc.stderr
+    return proc, page.parent / "figures" / DOC_FIGURES["linreg_icl"][1]
+
+
 def test_the_docs_figures_are_copied_from_the_shown_runs(tmp_path):
     """--results-md redraws the README's figures too: each DOC_FIGURES file of the shown run (a sweep's combined
     one) into figures/ beside the page; an experiment without such a figure is skipped."""
-    from experiments.core.report.results_page import DOC_FIGURES
-
     root = tmp_path / "results"
-    run = make_run(root / "linreg_icl" / "a", "linreg_icl", "2026-01-01T00:00:00",
-                   [claim("dherin.fig2.patch_equals_context", 0.1, True)], figure=True)
-    shutil.copyfile(run / "figures" / "fig.png", run / "figures" / DOC_FIGURES["linreg_icl"][0])
-    page = tmp_path / "docs" / "results.md"
-    proc = run_cli("report", str(root), "--results-md", str(page))
-    assert proc.returncode == 0, proc.stderr
-    copied = page.parent / "figures" / DOC_FIGURES["linreg_icl"][1]
+    run = _linreg_run_with_docs_figure(root / "linreg_icl" / "a", "2026-01-01T00:00:00")
+    proc, copied = _results_md(tmp_path, root)
     assert copied.read_bytes() == (run / "figures" / "fig.png").read_bytes()
     assert [p.name for p in copied.parent.iterdir()] == [copied.name]  # gpt_wq etc. drew none here
     assert f"figure: {copied}" in proc.stdout
@@ -355,27 +367,17 @@ def test_with_all_runs_the_docs_figure_is_the_paper_runs_over_a_newer_cpu_run(tm
     plt.close(fig)
     for run in runs.values():
         shutil.copyfile(run / "figures" / "fig.png", run / "figures" / drawn)
-    page = tmp_path / "docs" / "results.md"
-    proc = run_cli("report", str(root), "--all", "--results-md", str(page))
-    assert proc.returncode == 0, proc.stderr
-    copied = page.parent / "figures" / DOC_FIGURES["linreg_icl"][1]
+    _, copied = _results_md(tmp_path, root, "--all")
     assert copied.read_bytes() == (runs["paper"] / "figures" / drawn).read_bytes()
     assert copied.read_bytes() != (runs["cpu"] / "figures" / drawn).read_bytes()
 
 
 def test_a_sweep_without_its_combined_figures_gives_the_docs_a_jobs_figure(tmp_path):
     """A sweep stopped before its combined figures were drawn: the docs' figure is a job's own, as the report's."""
-    from experiments.core.report.results_page import DOC_FIGURES
-
     root = tmp_path / "results"
     sweep = root / "linreg_icl" / "multirun" / "s1"
     sweep.mkdir(parents=True)
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
-    job = make_run(sweep / "0", "linreg_icl", "2026-01-02T00:00:00",
-                   [claim("dherin.fig2.patch_equals_context", 0.1, True)], figure=True)
-    shutil.copyfile(job / "figures" / "fig.png", job / "figures" / DOC_FIGURES["linreg_icl"][0])
-    page = tmp_path / "docs" / "results.md"
-    proc = run_cli("report", str(root), "--results-md", str(page))
-    assert proc.returncode == 0, proc.stderr
-    copied = page.parent / "figures" / DOC_FIGURES["linreg_icl"][1]
+    job = _linreg_run_with_docs_figure(sweep / "0", "2026-01-02T00:00:00")
+    _, copied = _results_md(tmp_path, root)
     assert copied.read_bytes() == (job / "figures" / "fig.png").read_bytes()

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -19,7 +18,7 @@ from experiments.core.errors import UserError
 from experiments.patching.arch import STRUCTURAL, gpt_neox, llama, phi3, qwen3
 from experiments.patching.arch.base import tiny_common
 from experiments.patching.arch.check import check_adapter
-from tests.helpers.checkpoints import checkpoint_folders
+from tests.helpers.checkpoints import assert_patched_exactly, checkpoint_folders, float64_open_loop
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,18 +66,11 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.numeric  # float64 at rounding level: CI runs it again under another CPU kernel set
 def test_qwen3_phi3_gpt_neox_and_structural_olmo_and_granite_patch_exactly_through_the_cli(folders, icl, tmp_path):
     names = ["qwen3", "phi3", "gpt_neox", "gpt_neox_sequential", "olmo", "granite"]
-    sweep = tmp_path / "sweep"
-    r = icl("run", "patch_match", "-m", "preset=smoke", "dtype=float64", "variant=naive", "max_new_tokens=3",
-            "model=" + ",".join(str(folders[n]) for n in names), f"hydra.sweep.dir={sweep}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    for job, name in enumerate(names):
-        m = pd.read_csv(sweep / str(job) / "metrics.csv")
-        value = lambda metric, m=m: m.loc[m["metric"] == metric, "value"]  # noqa: E731
-        assert len(value("top1_match")) >= 3 and value("top1_match").all(), name  # 3 tokens of each prompt
-        assert value("logit_linf_rel").max() < 1e-10, (name, value("logit_linf_rel").max())  # float64: exact
-        assert value("control_logit_linf").median() > 0.1, name  # the token alone, unpatched, is far off
+    runs = float64_open_loop(icl, folders, names, tmp_path / "sweep")
+    for name, m in runs.items():
+        assert_patched_exactly(m, name, 1e-10)
         assert m["model"].iloc[0] == str(folders[name])
-    assert "structural (olmo)" in pd.read_csv(sweep / "4" / "metrics.csv")["family"].iloc[0]
+    assert "structural (olmo)" in runs["olmo"]["family"].iloc[0]
 
 
 def test_a_structural_guess_that_misses_the_branch_scale_is_refused_in_one_line(folders):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -16,7 +15,7 @@ from experiments.core.errors import UserError
 from experiments.patching.arch import FAMILIES, STRUCTURAL, tiny
 from experiments.patching.arch.check import choose_adapter
 from experiments.patching.arch.structure import candidates
-from tests.helpers.checkpoints import checkpoint_folders
+from tests.helpers.checkpoints import assert_patched_exactly, checkpoint_folders, float64_open_loop
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -84,17 +83,8 @@ def test_newer_families_without_adapter_files_patch_exactly_in_float64_through_t
     query alone brings the same data, and the patch makes v + g what it was after the context; and where
     a router and experts beside the MLP read their own norms of v (Gemma 4's MoE sizes): each matrix's
     input update reads its own input."""
-    names = list(NEW)
-    sweep = tmp_path / "sweep"
-    r = icl("run", "patch_match", "-m", "preset=smoke", "dtype=float64", "variant=naive", "max_new_tokens=3",
-            "model=" + ",".join(str(folders[n]) for n in names), f"hydra.sweep.dir={sweep}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    for job, name in enumerate(names):
-        m = pd.read_csv(sweep / str(job) / "metrics.csv")
-        value = lambda metric, m=m: m.loc[m["metric"] == metric, "value"]  # noqa: E731
-        assert len(value("top1_match")) >= 3 and value("top1_match").all(), name
-        assert value("logit_linf_rel").max() < 1e-9, (name, value("logit_linf_rel").max())  # float64: exact
-        assert value("control_logit_linf").median() > 0.1, name  # the token alone, unpatched, is far off
+    for name, m in float64_open_loop(icl, folders, list(NEW), tmp_path / "sweep").items():
+        assert_patched_exactly(m, name, 1e-9)
         assert m["family"].iloc[0] == f"structural ({SIZES.get(name, name)})"
 
 
