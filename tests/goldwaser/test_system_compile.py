@@ -49,6 +49,35 @@ def test_smoke_run_measures_every_method_on_both_splits(smoke_run):
     assert (smoke_run / "figures" / "kl_vs_compile_s.png").is_file()
     generations = json.loads((smoke_run / "generations.json").read_text())
     assert set(generations["system"]["ahoy"]) == {"reference", "control", "analytic", "bake"}
+    summary = (smoke_run / "summary.md").read_text()  # the per-behaviour table, from metrics.csv
+    assert "| ahoy | analytic |" in summary and "| all | prompted (reference) |" in summary
+
+
+def test_the_per_behaviour_table_counts_each_prompts_heldout_replies_and_leaves_out_the_budget_sweep():
+    """Built by hand: two prompts, the analytic patch with a validation point beside its chosen one; the table's
+    rates and intervals are the held-out replies' (Wilson by hand for 1 of 2), its KL the held-out mean, its
+    compile figures the chosen point's."""
+    from experiments.goldwaser.system_compile.table import markdown, summary_table
+
+    rows = []
+    for prompt, passes in (("french", (1, 0)), ("ahoy", (1, 1))):
+        for q, ok in enumerate(passes):
+            rows += [dict(metric="behaviour", value=ok, method="analytic", prompt=prompt, split="heldout", query=q),
+                     dict(metric="kl", value=0.1 * (q + 1), method="analytic", prompt=prompt, split="heldout", query=q),
+                     dict(metric="behaviour", value=0, method="control", prompt=prompt, split="heldout", query=q),
+                     dict(metric="behaviour", value=1, method="analytic", prompt=prompt, split="fit", query=q)]
+        rows += [dict(metric="compile_s", value=999.0, method="analytic", prompt=prompt, split="validation"),
+                 dict(metric="compile_s", value=12.0, method="analytic", prompt=prompt, split=None)]
+    table = summary_table(pd.DataFrame(rows)).set_index(["prompt", "method"])
+    french = table.loc[("french", "analytic")]
+    assert (french.passes, french.replies, french.compile_s) == (1, 2, 12.0)
+    assert french.heldout_kl == pytest.approx(0.15)
+    z2 = 1.959963984540054 ** 2  # Wilson's interval for 1 of 2, written out
+    centre, half = (0.5 + z2 / 4) / (1 + z2 / 2), 1.959963984540054 * (0.25 / 2 + z2 / 16) ** 0.5 / (1 + z2 / 2)
+    assert (french.lo, french.hi) == pytest.approx((centre - half, centre + half))
+    assert (table.loc[("all", "analytic")].passes, table.loc[("all", "analytic")].replies) == (3, 4)
+    assert table.loc[("all", "control")].passes == 0
+    assert "| french | analytic | 0.15 |" in markdown(summary_table(pd.DataFrame(rows)))
 
 
 def test_the_pareto_front_keeps_the_points_nothing_beats_on_both():

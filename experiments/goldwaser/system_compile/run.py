@@ -169,6 +169,7 @@ def run(cfg: SystemCompileConfig, ctx: RunContext) -> None:
     from experiments.goldwaser.system_compile.inputs import encode, split
     from experiments.goldwaser.system_compile.measure import Generation
     from experiments.goldwaser.system_compile.study import run_prompt
+    from experiments.goldwaser.system_compile.table import write_summary
     from experiments.patching.arch import adapter_for
     from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.threads import threads_for
@@ -202,3 +203,5 @@ def run(cfg: SystemCompileConfig, ctx: RunContext) -> None:
             ctx.flush()
             bar.advance(1, info=prompt.name)
     check_claims(cfg, ctx, ctx.metrics())
+    ctx.flush()
+    log.info("per-behaviour table: %s", write_summary(ctx.run_dir))
