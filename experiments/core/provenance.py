@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -37,5 +38,19 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def host() -> dict[str, str]:
-    return {"hostname": platform.node(), "platform": platform.platform()}
+def host() -> dict[str, object]:
+    """The machine a run's numbers (and its wall time) belong to: results/README.md lists it per run."""
+    return {"hostname": platform.node(), "platform": platform.platform(), "cpu": cpu_model(),
+            "cores": os.cpu_count()}
+
+
+def cpu_model() -> str:
+    """`AMD EPYC 9R14 96-Core Processor` from /proc/cpuinfo (Linux), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
