@@ -173,7 +173,8 @@ def train_variant(cfg: GptWqConfig, ctx: RunContext, name: str, data, device: to
     ctx.log("wall_s", time.perf_counter() - t0, variant=name)
     val = [(step, value) for metric, value, step in state.curve if metric == "val_loss"]
     final = max(val)[1]
-    ctx.log("final_val_loss", final, variant=name, step=max(val)[0])
+    # the tokenizer beside the loss: a byte-level run's loss is per byte, not per GPT-2 token (the figure's unit)
+    ctx.log("final_val_loss", final, variant=name, step=max(val)[0], tokenizer=cfg.tokenizer)
     if me.is_main and cfg.export_hf:
         export_and_compare(ctx, name, model, meta, cache_root(cfg.cache_dir))
     return final

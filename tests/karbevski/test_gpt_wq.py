@@ -59,6 +59,18 @@ def test_run_folder(runs):
     assert (run_dir / "hf" / "baseline_124m" / "model.safetensors").is_file()
 
 
+def test_the_loss_unit_follows_the_tokenizer(runs):
+    """Fig. 1's axis says what the loss is per: the smoke run's byte-level text gives nats per byte, GPT-2's BPE
+    (the paper's) nats per GPT-2 token; a run from before the tokenizer was logged, per token."""
+    from experiments.karbevski.gpt.plots import loss_unit
+
+    m = pd.read_csv(runs / "full" / "metrics.csv")
+    assert set(m.loc[m["metric"] == "final_val_loss", "tokenizer"]) == {"bytes"}
+    assert loss_unit(m) == "byte"
+    assert loss_unit(m.assign(tokenizer="gpt2")) == "GPT-2 token"
+    assert loss_unit(m.drop(columns="tokenizer")) == "token"
+
+
 def test_export_loads_with_auto_classes(runs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -45,6 +45,13 @@ def table2(metrics: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def loss_unit(metrics: pd.DataFrame) -> str:
+    """What one step of the loss is over: `byte` for the byte-level tokenizer, `GPT-2 token` for GPT-2's BPE (the
+    paper's), `token` for a run that did not say (written before the tokenizer was logged) or mixes both."""
+    said = set(metric(metrics, "final_val_loss").get("tokenizer", pd.Series(dtype=object)).dropna())
+    return {frozenset({"bytes"}): "byte", frozenset({"gpt2"}): "GPT-2 token"}.get(frozenset(said), "token")
+
+
 def _fig1(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     val = metric(metrics, "val_loss")
     fig, axes = new_figure(2, width=4.4, height=3.3)
@@ -61,7 +68,7 @@ def _fig1(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
             ax.plot([PAPER_STEPS], [v.paper_val_loss], marker="*", ms=9, color=f"C{i}", ls="none",
                     label="paper, 100k steps" if i == 0 else None)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("validation loss (nats / token)")
+    ax.set_ylabel(f"validation loss (nats / {loss_unit(metrics)})")
     ax.set_title("Fig. 1: validation loss during training")
     ax.legend(loc="upper right")
     # right: final loss relative to the 124M baseline, measured beside the paper's (same units at any preset)
