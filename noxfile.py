@@ -9,6 +9,7 @@ session below (one torch install, not one per session), so that afterwards
     nox -s dev          # only set up (`nox -s dev -- qwen15`: and the trained 1.5B model, 1.1 GB)
     nox -s lint         # ruff (its own small environment)
     nox -s smoke        # every registered experiment at preset=smoke through the CLI
+    nox -s figures      # docs/figures and the generated pages, from the committed runs in results/ alone
     nox -s report_browser  # two experiments, the report, and a headless-Chromium screenshot of it
     nox -s cluster      # a one-node SLURM cluster here (root, apt), sweeps through hydra/launcher=slurm
     nox -s gpu_wheels   # (where a registry is reached) the wheels a bare GPU box lacks, into .whl/ (~1 MB)
@@ -218,6 +219,16 @@ def smoke(session: nox.Session) -> None:
     names = env.output("-c", "from experiments.core.registry import experiment_names as n; print(*n())").split()
     for name in names:
         env.run("icl-exp", "run", name, "preset=smoke", "device=cpu", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def figures(session: nox.Session) -> None:
+    """Every figure and generated page of docs/ from the committed runs in results/ alone, offline, no
+    experiment run: docs/figures, results/README.md, docs/papers.md (`icl-exp plot results/`), then
+    docs/results.md and the report (results/report.md, .html; not committed)."""
+    env = install(session)
+    env.run("icl-exp", "plot", "results/")
+    env.run("icl-exp", "report", "results/", "--all", "--results-md", "docs/results.md")
 
 
 @nox.session(venv_backend="none")

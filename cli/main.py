@@ -103,13 +103,21 @@ def run(
 
 
 @app.command()
-def plot(run_dir: Path = typer.Argument(..., help="a run folder, or a multirun folder to combine")) -> None:
-    """Re-render a run's figures from its CSVs alone (no recomputation)."""
+def plot(
+    run_dir: Path = typer.Argument(..., help="a run folder, a multirun folder to combine, or a folder of "
+                                   "experiments' runs (results/) to draw every figure the docs show"),
+    docs: Path = typer.Option(None, "--docs", help="with a folder of runs: the docs folder whose figures/ "
+                              "gets every figure (default: docs/ beside that folder, where there is one)"),
+) -> None:
+    """Re-render figures from the runs' CSVs alone (no recomputation). On results/: every run's figures,
+    copied into docs/figures (each PNG names the table it was drawn from), the manifest results/README.md
+    and the paper-by-paper page docs/papers.md."""
     import logging
 
     from experiments.core.console import ConsoleFormatter, plain_console
     from experiments.core.errors import UserError
     from experiments.core.figures import render
+    from experiments.core.results_root import is_results_root
 
     # warnings (an incomplete run, jobs left out of a sweep) as one `warning: ...` line each
     handler = logging.StreamHandler()
@@ -119,7 +127,14 @@ def plot(run_dir: Path = typer.Argument(..., help="a run folder, or a multirun f
     logger.addHandler(handler)
     propagate, logger.propagate = logger.propagate, False
     try:
-        paths = render(run_dir)
+        if is_results_root(run_dir):
+            from experiments.core.docs_build import rebuild
+
+            paths = rebuild(run_dir, docs if docs is not None else _docs_beside(run_dir))
+        elif docs is not None:
+            raise UserError(f"--docs is for a folder of experiments' runs (results/); {run_dir} is not one")
+        else:
+            paths = render(run_dir)
     except UserError as err:
         fail(str(err))
     finally:
@@ -128,6 +143,12 @@ def plot(run_dir: Path = typer.Argument(..., help="a run folder, or a multirun f
     out = plain_console()
     for p in paths:
         out.print(str(p))  # never hard-wrapped, also when piped
+
+
+def _docs_beside(results: Path) -> Path | None:
+    """results/'s sibling docs/ (the repository's), or None: the figures then stay in each run's figures/."""
+    docs = Path(results).resolve().parent / "docs"
+    return docs if docs.is_dir() else None
 
 
 def _register_subcommands() -> None:

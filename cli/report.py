@@ -16,7 +16,7 @@ def report(
     out: Path = typer.Option(None, "--out", help="where report.md and report.html go (default: RESULTS_DIR)"),
     results_md: Path = typer.Option(None, "--results-md", help="also write the results page (e.g. docs/results.md): "
                                     "per paper the runs and the claims, a sweep one row per model; the whole file "
-                                    "is generated; the figures the docs show go beside it, into figures/"),
+                                    "is generated (the figures the docs show: `icl-exp plot results/`)"),
 ) -> None:
     """Write RESULTS_DIR/report.md and a self-contained report.html: every claim (paper value, measured,
     tolerance, pass/fail, run, preset), figures, failed or missing experiments, a summary per paper."""
@@ -25,7 +25,7 @@ def report(
     from cli.output import fail
     from experiments.core.figures import no_such_folder
     from experiments.core.report.collect import build_report
-    from experiments.core.report.results_page import check_page_path, copy_doc_figures, write_results_page
+    from experiments.core.report.results_page import check_page_path, write_results_page
     from experiments.core.report.text import paper_groups, runs_line, summary_line
     from experiments.core.report.write import write_report
 
@@ -60,12 +60,9 @@ def report(
         command = f"icl-exp report {results_dir}{' --all' if all_runs else ''} --results-md {results_md}"
         try:
             write_results_page(results_md, rep, command)
-            figures = copy_doc_figures(rep, results_md.parent / "figures")
         except (OSError, ValueError) as error:
             fail(f"cannot write the results page {results_md}: {getattr(error, 'strerror', None) or error}")
         con.print(f"results page: {results_md}")
-        for figure in figures:
-            con.print(f"figure: {figure}")
     if strict and rep.n_failed_claims:
         con.print(f"--strict: {rep.n_failed_claims} claim(s) failed")
         raise typer.Exit(1)

@@ -61,6 +61,12 @@ def build(python: str, work: Path, out: Path, experiments: dict[str, str], fake:
                           run("context_compile_moe", *moe, f"device={device}"), 60,
                           runs=str(runs / "context_compile_moe"),
                           cpu_argv=run("context_compile_moe_cpu", *moe, "device=cpu")))
+    # Goldwaser Fig. 5's path: an image as the context of a multimodal Gemma 3 (SigLIP tower), float64 end to end
+    image = ["gemma_match", "preset=smoke", "model=tiny-gemma3-vision", "image=synthetic", "dtype=float64",
+             "prompts=[]", "max_new_tokens=6"]
+    probe.append(Step("05_gemma_match_image", f"gemma_match with an image as the context (Fig. 5's path) on {device}",
+                      run("gemma_match_image", *image, f"device={device}"), 60, runs=str(runs / "gemma_match_image"),
+                      cpu_argv=run("gemma_match_image_cpu", *image, "device=cpu")))
     smoke = []
     for lane, packages in PAPERS:
         names = sorted(n for n, p in experiments.items() if p in packages)

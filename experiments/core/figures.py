@@ -22,6 +22,7 @@ from experiments.core.results import (
     FIGURES_DIR,
     METRICS_FILE,
     RUN_FILE,
+    metrics_path,
     read_claims,
     read_metrics,
     write_csv_atomic,
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / RUN_FILE).is_file() and (path / METRICS_FILE).is_file()
+    return (path / RUN_FILE).is_file() and metrics_path(path) is not None
 
 
 def job_dirs(path: Path) -> list[Path]:
@@ -92,11 +93,50 @@ def figure_title(exp: registry.Experiment, metrics: pd.DataFrame, records: list[
     return " · ".join(parts)
 
 
+def source_of(tables: list[Path]) -> str:
+    """What a figure's PNG says it was drawn from: the table's path as given (relative to where the command
+    ran: `results/linreg_icl/paper/metrics.csv`), a sweep's jobs as one pattern (`.../gemma-3-270m/*/metrics.csv`)."""
+    tables = [_from_here(t) for t in tables]
+    if len(tables) == 1:
+        return tables[0].as_posix()
+    parents = {t.parent.parent for t in tables}
+    names = {t.name for t in tables}
+    if len(parents) == 1 and len(names) == 1:
+        return (parents.pop() / "*" / names.pop()).as_posix()
+    return ";".join(t.as_posix() for t in tables)
+
+
+def _from_here(path: Path) -> Path:
+    """`path` relative to the working folder when it lies below it (a figure drawn from the repository's
+    results/ names `results/...`, wherever the checkout is), else as it is."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return Path(path)
+
+
+def _plot(exp: registry.Experiment, metrics: pd.DataFrame, figures_dir: Path, run_dirs: list[Path]) -> list[Path]:
+    """exp.plot, with a run written by an older layout (a column its figures read is missing) said in one line
+    that names the commit that wrote it."""
+    if not exp.draws_figures:
+        raise UserError(f"{exp.name} draws no figures ({exp.figures.strip('()')}): nothing to plot")
+    try:
+        return exp.plot(metrics, figures_dir)
+    except KeyError as missing:
+        record = _record(run_dirs[0])
+        commit = str((record.get("git") or {}).get("commit") or "unknown")[:7]
+        raise UserError(f"{run_dirs[0]}: its metrics have no column {missing} that {exp.name}'s figures read: it "
+                        f"was written by commit {commit} ({str(record.get('start', ''))[:10]}) in an older layout; "
+                        f"run it again to redraw it") from None
+
+
 def render_run(run_dir: Path, exp: registry.Experiment | None = None) -> list[Path]:
     exp = exp or registry.get(experiment_of(run_dir))
+    if not exp.draws_figures:  # the runner draws every run's figures: such a run has none, and that is no error
+        return []
     metrics = read_metrics(run_dir)
-    with figure_caption(figure_title(exp, metrics, [_record(run_dir)])):
-        return exp.plot(metrics, run_dir / FIGURES_DIR)
+    with figure_caption(figure_title(exp, metrics, [_record(run_dir)]), source=source_of([metrics_path(run_dir)])):
+        return _plot(exp, metrics, run_dir / FIGURES_DIR, [run_dir])
 
 
 def _render_incomplete_run(run_dir: Path) -> list[Path]:
@@ -110,8 +150,8 @@ def _render_incomplete_run(run_dir: Path) -> list[Path]:
     log.warning("%s is %s: drawing what it measured, the figures are incomplete", run_dir, state)
     exp = registry.get(experiment_of(run_dir))
     warning = f"INCOMPLETE: the run is {state}; this is what it measured until then"
-    with figure_caption(figure_title(exp, metrics, [_record(run_dir)]), warning):
-        return _drawn(exp.plot(metrics, run_dir / FIGURES_DIR), run_dir)
+    with figure_caption(figure_title(exp, metrics, [_record(run_dir)]), warning, source_of([metrics_path(run_dir)])):
+        return _drawn(_plot(exp, metrics, run_dir / FIGURES_DIR, [run_dir]), run_dir)
 
 
 def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
@@ -142,8 +182,9 @@ def render_multirun(sweep_dir: Path, warn: bool = True) -> list[Path]:
         combined = combined[["job", *columns]]
         over_seeds = _over_seeds(sweep_dir, jobs, exp, combined)
         write_csv_atomic(sweep_dir / CLAIMS_FILE, combined if over_seeds is None else over_seeds)
-    with figure_caption(figure_title(exp, metrics, [_record(j) for j in jobs])):
-        drawn = exp.plot(metrics, sweep_dir / FIGURES_DIR)
+    source = source_of([metrics_path(j) for j in jobs])
+    with figure_caption(figure_title(exp, metrics, [_record(j) for j in jobs]), source=source):
+        drawn = _plot(exp, metrics, sweep_dir / FIGURES_DIR, jobs)
         if claims and over_seeds is not None:
             drawn += plot_claims_over_seeds(combined, over_seeds, sweep_dir / FIGURES_DIR)
         return drawn
@@ -203,6 +244,9 @@ def render(path: Path) -> list[Path]:
     if not path.exists():
         raise no_such_folder(path, "give a run folder, or a sweep's folder to combine its jobs")
     if is_run_dir(path):
+        exp = registry.get(experiment_of(path))
+        if not exp.draws_figures:
+            raise UserError(f"{exp.name} draws no figures ({exp.figures.strip('()')}): nothing to plot in {path}")
         if run_state(path) != "complete":
             return _render_incomplete_run(path)
         return _drawn(render_run(path), path)

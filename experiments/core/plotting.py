@@ -40,14 +40,16 @@ PAPER_STYLE = {
 
 
 # What every figure saved while it is set says at its top: the experiment, model, preset (a title),
-# and a warning when the run did not complete (see experiments.core.figures).
-_caption: dict[str, str | None] = {"title": None, "warning": None}
+# and a warning when the run did not complete (see experiments.core.figures); and, in the PNG's metadata
+# (a text chunk under SOURCE_KEY), the table it was drawn from: docs/figures is checked against results/ by it.
+_caption: dict[str, str | None] = {"title": None, "warning": None, "source": None}
+SOURCE_KEY = "icl-exp source"
 
 
 @contextmanager
-def figure_caption(title: str | None, warning: str | None = None) -> Iterator[None]:
+def figure_caption(title: str | None, warning: str | None = None, source: str | None = None) -> Iterator[None]:
     before = dict(_caption)
-    _caption.update(title=title, warning=warning)
+    _caption.update(title=title, warning=warning, source=source)
     try:
         yield
     finally:
@@ -101,7 +103,10 @@ def save_figure(fig, figures_dir: Path, name: str) -> list[Path]:
         fig.tight_layout()
         for ext in ("png", "pdf"):
             path = figures_dir / f"{name}.{ext}"
-            write_atomic(path, lambda p, ext=ext: fig.savefig(p, format=ext, bbox_inches="tight"))
+            # PNG text chunks only (a PDF's would need its own keys); none when no source is known
+            meta = {SOURCE_KEY: _caption["source"]} if ext == "png" and _caption["source"] else None
+            write_atomic(path, lambda p, ext=ext, meta=meta: fig.savefig(p, format=ext, bbox_inches="tight",
+                                                                         metadata=meta))
             paths.append(path)
     plt.close(fig)
     log.info("figure %s", figures_dir / f"{name}.png")

@@ -56,6 +56,8 @@ class Experiment:
     # a sweep over seeds only: the fraction of seeds a claim must pass on to pass (core/seeds.py); every seed
     # unless an experiment says why fewer suffice
     seed_quorum: float = 1.0
+    # False for an experiment whose output is not a figure (patch_export: a checkpoint): `icl-exp plot` says so
+    draws_figures: bool = True
     # the experiment's name, written once: its file names (conf/experiment/<name>.yaml, experiments/<paper>/
     # <name>.py or <name>/), from which the registry fills it in (get); a declaration leaves it out
     name: str = field(default="", kw_only=True)

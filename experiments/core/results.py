@@ -164,9 +164,35 @@ class RunContext:
         self._last_flush = time.monotonic()
 
 
+# A committed run (results/README.md) keeps a large metrics.csv gzipped beside nothing else: the same table,
+# a tenth of the bytes (every row repeats the experiment and run id). Readers take either.
+GZIP_SUFFIX = ".gz"
+
+
+def metrics_path(run_dir: Path) -> Path | None:
+    """The run's metrics table, plain or gzipped, or None when it wrote none."""
+    for name in (METRICS_FILE, METRICS_FILE + GZIP_SUFFIX):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    return None
+
+
 def read_metrics(run_dir: Path) -> pd.DataFrame:
-    return pd.read_csv(Path(run_dir) / METRICS_FILE)
+    """metrics.csv (or metrics.csv.gz); a missing, empty or cut-off table is one UserError naming the file."""
+    path = metrics_path(run_dir) or Path(run_dir) / METRICS_FILE
+    return _read_table(path)
 
 
 def read_claims(run_dir: Path) -> pd.DataFrame:
-    return pd.read_csv(Path(run_dir) / CLAIMS_FILE)
+    return _read_table(Path(run_dir) / CLAIMS_FILE)
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    from experiments.core.errors import UserError, first_line
+
+    try:
+        return pd.read_csv(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, EOFError, OSError) as err:
+        raise UserError(f"{path} cannot be read (cut off or damaged?): {first_line(err)}") from None

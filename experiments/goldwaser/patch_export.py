@@ -156,4 +156,5 @@ EXPERIMENT = Experiment(
     plot=plot,
     validate=validate,
     run_dir_key="out",  # out=DIR is the run folder
+    draws_figures=False,
 )

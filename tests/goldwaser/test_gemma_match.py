@@ -44,14 +44,20 @@ def test_smoke_run_writes_metrics_claims_and_figures(tmp_path):
     assert (run_dir / "figures" / "fig4_summary.pdf").is_file()
 
 
-def test_image_context_draws_fig5(tmp_path):
+def test_image_context_is_exact_in_float64_and_draws_fig5(tmp_path):
+    """Fig. 5's path: an image (through a tiny random SigLIP tower) as the context of a multimodal Gemma 3; the
+    open loop's evidence claims in float64, each beside its control, and the figure with the image inset."""
     run_dir = tmp_path / "run"
-    res = _cli("run", "gemma_match", "preset=smoke", "model=tiny-gemma3-vision", "image=synthetic",
+    res = _cli("run", "gemma_match", "preset=smoke", "model=tiny-gemma3-vision", "image=synthetic", "dtype=float64",
                "prompts=[]", "max_new_tokens=3", f"hydra.run.dir={run_dir}")
     assert res.returncode == 0, res.stderr[-2000:]
     m = pd.read_csv(run_dir / "metrics.csv")
     assert set(m["context"]) == {"image"}
     assert (m.loc[m["metric"] == "top1_match", "value"] == 1.0).all()
+    claims = pd.read_csv(run_dir / "claims.csv").set_index("id")
+    assert claims["passed"].all(), claims.to_string()
+    assert claims.loc["goldwaser.table1.naive_float64_rounding", "measured"] < 1e-9  # float64's bar, not float32's
+    assert claims.loc["goldwaser.fig3.naive_float64_control_differs", "measured"] >= 1  # the control is far off
     assert (run_dir / "figures" / "fig5_image_context.png").is_file()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from experiments.core.atomic import write_text_atomic
 from experiments.core.report.collect import Report
 from experiments.core.report.markdown import md_cell, runs_table
-from experiments.core.report.runs import Run, preset_rank, rel
+from experiments.core.report.runs import rel
 from experiments.core.report.text import (
     CLAIM_HEADER,
     CONSTRUCTION_NOTE,
@@ -29,15 +29,6 @@ from experiments.core.report.text import (
 
 # the report's claim columns without Run (the runs table above names them), the experiment first
 CLAIMS_HEADER = ["Experiment", *(c for c in CLAIM_HEADER if c != "Run")]
-# The figures the README and the paper pages show, redrawn with the page: experiment -> (the figure its
-# shown run drew (a sweep's combined one), the name it gets in docs/figures/)
-DOC_FIGURES = {
-    "gemma_match": ("fig4_summary.png", "goldwaser_gemma270m_sweep.png"),
-    "layer_errors": ("fig_layer_errors.png", "goldwaser_layer_errors.png"),
-    "patch_match": ("table1_architectures.png", "goldwaser_table1.png"),
-    "linreg_icl": ("fig2_linreg_icl.png", "dherin_fig2.png"),
-    "gpt_wq": ("fig1_val_loss.png", "karbevski_gpt_wq.png"),
-}
 
 
 def _provenance(report: Report) -> str:
@@ -114,33 +105,3 @@ def write_results_page(path: Path, report: Report, command: str) -> Path:
     check_page_path(path)
     write_text_atomic(Path(path), render_results_page(report, command))
     return Path(path)
-
-
-def copy_doc_figures(report: Report, folder: Path) -> list[Path]:
-    """The shown runs' DOC_FIGURES copied into `folder` (docs/figures beside docs/results.md), each atomically;
-    an experiment not shown, or whose run drew no such figure, is skipped. Where several runs of an experiment
-    are shown (--all), the figure of the highest preset's largest sweep is taken. Returns the files written."""
-    import shutil
-
-    from experiments.core.atomic import write_atomic
-    from experiments.core.results import FIGURES_DIR
-
-    # per experiment the unit at the highest preset (the paper's settings over a cpu run), then with the most
-    # jobs (with --all: the dtype x variant sweep over a single run), then the newest
-    jobs: dict[Path, int] = {}
-    for run in report.runs:
-        jobs[run.unit] = jobs.get(run.unit, 0) + 1
-    shown: dict[str, Run] = {}
-    for run in sorted(report.runs, key=lambda r: (preset_rank(r.preset), jobs[r.unit], r.start)):
-        shown[run.experiment] = run
-    written = []
-    for experiment, (drawn, name) in DOC_FIGURES.items():
-        run = shown.get(experiment)
-        # a sweep's combined figure, else (a sweep stopped before combining) its job's own, as figure_files
-        found = [f for f in (run.unit, run.path) if (f / FIGURES_DIR / drawn).is_file()] if run else []
-        if found:
-            source = found[0] / FIGURES_DIR / drawn
-            target = Path(folder) / name
-            write_atomic(target, lambda tmp, source=source: shutil.copyfile(source, tmp))
-            written.append(target)
-    return written
