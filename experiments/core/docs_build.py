@@ -19,24 +19,27 @@ PAPERS_PAGE = "papers.md"
 
 
 def rebuild(root: Path, docs: Path | None) -> list[Path]:
-    """Draw every run under `root`; with `docs`, fill docs/figures and docs/papers.md; write the manifest."""
+    """Draw every run under `root`; with `docs`, fill docs/figures, docs/papers.md and the quoted numbers of
+    README.md and docs/*.md; write the manifest. Every page is worked out before any file is written."""
+    from experiments.core.atomic import write_text_atomic
+
     root = Path(root)
     units = find_units(root)
     if not units:
         raise UserError(f"{root} holds no runs: no results/<experiment>/<run>/ folder with run.json and metrics.csv")
     drawn = draw_units(units)
-    written = []
-    if docs is not None:
-        written += copy_figures(drawn, Path(docs) / "figures")
-        items = Path(docs) / PAPER_ITEMS
-        if items.is_file():
-            from experiments.core.report.papers_page import write_papers_page
+    if docs is None:
+        return [*sorted(drawn.values()), write_manifest(root, units)]
+    from experiments.core.report.papers_page import papers_page
+    from experiments.core.report.quoted import refreshed
 
-            written.append(write_papers_page(Path(docs) / PAPERS_PAGE, items, root, units, Path(docs) / "figures"))
-        from experiments.core.report.quoted import refresh
-
-        written += refresh(Path(docs).resolve().parent, root)  # the numbers README and docs/*.md quote
-    else:
-        written += sorted(drawn.values())
-    written.append(write_manifest(root, units))
-    return written
+    docs, pages = Path(docs).resolve(), {}
+    figures = docs / "figures"
+    if (docs / PAPER_ITEMS).is_file():
+        # the thumbnails it links are the ones this redraw writes
+        pages[docs / PAPERS_PAGE] = papers_page(docs / PAPER_ITEMS, root, units, set(drawn))
+    pages = refreshed(docs.resolve().parent, root, pages)
+    written = copy_figures(drawn, figures)
+    for page, text in pages.items():
+        write_text_atomic(page, text)
+    return [*written, *pages, write_manifest(root, units)]

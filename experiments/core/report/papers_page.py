@@ -23,8 +23,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.core.atomic import write_text_atomic
-from experiments.core.report.quoted import fill
 from experiments.core.results import CLAIMS_FILE
 from experiments.core.results_root import Unit, doc_figure_name
 
@@ -32,6 +30,8 @@ PAPERS = {"dherin": "Dherin et al., *Learning without training*",
           "goldwaser": "Goldwaser et al., *Equivalence of context and parameter updates in modern transformer blocks*",
           "karbevski": "Karbevski & Mijoski, *W_K, W_V is probably all you need*",
           "xu_fang": "Xu & Fang, *Self-attention as a covariance readout*"}
+# verdicts beside which the item says what the paper's own scale needs (a GPU, a gated hub model)
+SCALE_NOTED = ("reproduced at a smaller scale", "differs", "drawn, not judged")
 VERDICTS = ("reproduced", "reproduced at a smaller scale", "differs", "drawn, not judged", "not run here", "a diagram")
 
 
@@ -126,7 +126,8 @@ def _cell(text) -> str:
     return str(text or "").replace("|", "\\|").replace("\n", " ")
 
 
-def render_papers_page(items: list[dict], root: Path, units: list[Unit], figures_dir: Path) -> str:
+def render_papers_page(items: list[dict], root: Path, units: list[Unit], figures: set[str]) -> str:
+    """The page; `figures`: the names docs/figures holds (after the redraw), which the thumbnails link."""
     counts: dict[str, int] = {}
     body = []
     for paper, title in PAPERS.items():
@@ -142,14 +143,14 @@ def render_papers_page(items: list[dict], root: Path, units: list[Unit], figures
             thumb = ""
             if unit is not None and item.get("figure"):
                 name = doc_figure_name(unit, Path(f"{item['figure']}.png"))
-                if (Path(figures_dir) / name).is_file():
+                if name in figures:
                     thumb = f'<a href="figures/{name}"><img src="figures/{name}" width="140"></a>'
             verdict = f"**{judged.verdict}**"
             if judged.verdict == "differs" and item.get("reason"):
                 verdict += f": {item['reason'].strip()}"
             elif judged.verdict == "not run here":
                 verdict += _what_it_needs(item)
-            if judged.verdict in ("reproduced at a smaller scale", "differs", "drawn, not judged") and item.get("needs"):
+            if judged.verdict in SCALE_NOTED and item.get("needs"):
                 verdict += f"<br>the paper's scale needs {item['needs']}"
                 if item.get("command"):
                     verdict += f": {item['command']}"
@@ -172,7 +173,6 @@ def render_papers_page(items: list[dict], root: Path, units: list[Unit], figures
     return "\n".join(head + body)
 
 
-def write_papers_page(path: Path, items_file: Path, root: Path, units: list[Unit], figures_dir: Path) -> Path:
-    text = render_papers_page(load_items(items_file), Path(root), units, figures_dir)
-    write_text_atomic(Path(path), fill(text, Path(root)))
-    return Path(path)
+def papers_page(items_file: Path, root: Path, units: list[Unit], figures: set[str]) -> str:
+    """The page's text, its quoted numbers still to fill (report/quoted.py)."""
+    return render_papers_page(load_items(items_file), Path(root), units, figures)

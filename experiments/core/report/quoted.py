@@ -97,14 +97,15 @@ def pages(repo: Path) -> list[Path]:
     return [p for p in [repo / "README.md", *sorted((repo / "docs").glob("*.md"))] if p.is_file()]
 
 
-def refresh(repo: Path, results: Path) -> list[Path]:
-    """Rewrite the quoted numbers of every page (only pages whose text changes are written)."""
-    from experiments.core.atomic import write_text_atomic
-
-    changed = []
-    for page in pages(repo):
-        text = page.read_text()
-        if MARK.search(text) and (new := fill(text, results)) != text:
-            write_text_atomic(page, new)
-            changed.append(page)
-    return changed
+def refreshed(repo: Path, results: Path, extra: dict[Path, str] | None = None) -> dict[Path, str]:
+    """{page: its text with every quoted number read again}, for the pages whose text changes; `extra` holds pages
+    about to be written (docs/papers.md), quoted from their new text. Nothing is written: a marker results/
+    cannot answer stops it first."""
+    texts = {page: page.read_text() for page in pages(repo)}
+    texts.update(extra or {})
+    out = {}
+    for page, text in texts.items():
+        new = fill(text, results) if MARK.search(text) else text
+        if new != (page.read_text() if page.is_file() else None):
+            out[page] = new
+    return out
