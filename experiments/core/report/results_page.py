@@ -123,7 +123,7 @@ def copy_doc_figures(report: Report, folder: Path) -> list[Path]:
     import shutil
 
     from experiments.core.atomic import write_atomic
-    from experiments.core.results import FIGURES_DIR
+    from experiments.core.run_folder import FIGURES_DIR
 
     # per experiment the unit at the highest preset (the paper's settings over a cpu run), then with the most
     # jobs (with --all: the dtype x variant sweep over a single run), then the newest
