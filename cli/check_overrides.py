@@ -21,7 +21,7 @@ def check_schema_registered(name: str) -> None:
     Without one it has no config to compose. A developer's error, said as one, before composing."""
     from hydra.core.config_store import ConfigStore
 
-    register_schemas()
+    register_schemas(name)
     if f"{name}.yaml" not in ConfigStore.instance().list(GROUP):
         raise UserError(f"experiment {name} has no schema: add its dataclass (its keys, types and defaults) to "
                         f"experiments/<paper>/schema.py and the class to SCHEMAS = experiment_schemas(...) there "

@@ -18,8 +18,9 @@ MAX_COMBINATIONS_CHECKED = 64
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """The config Hydra composes for these overrides (its own node included), schemas registered first."""
-    register_schemas()
+    """The config Hydra composes for these overrides (its own node included), the schema of their
+    `experiment=NAME` registered first."""
+    register_schemas(*(o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")))
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(registry.CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides, return_hydra_config=True)

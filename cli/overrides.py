@@ -15,13 +15,12 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from cli.check_extras import check_launcher, check_logger
 from cli.check_job import check_job, check_parallel_gpus, this_process_runs_on, warn_slow_float64
 from cli.check_overrides import check_added_keys, check_flags, check_schema_registered, check_sweeps_and_groups
 from cli.compose import compose_config, expand
-from cli.config_errors import composition_error, omegaconf_cause
+from cli.config_errors import composition_error, refused_in
 from cli.hydra_flags import ONE_CONFIG
 from experiments.core import registry
 from experiments.core.errors import UserError, first_line
@@ -63,7 +62,8 @@ def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple
 
     def reference() -> DictConfig:
         """The config without the overrides (the keys there are, the types of their defaults), composed
-        only when needed: each composition costs about 0.3 s, and a typed experiment's bad value needs none."""
+        only when needed (a `+key`): each composition costs about 0.3 s, and a bad key or value is worded
+        from the composition that refused it."""
         if "ref" not in composed:
             try:
                 composed["ref"] = compose_config([f"experiment={name}", *groups])
@@ -79,8 +79,7 @@ def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple
         try:
             configs.append(compose_config([f"experiment={name}", *combo]))
         except HydraException as err:
-            known = reference() if isinstance(omegaconf_cause(err), (ConfigKeyError, ConfigAttributeError)) else None
-            raise UserError(composition_error(err, name, keys, known)) from None
+            raise UserError(composition_error(err, name, keys, refused_in(err))) from None
     exp = registry.get(name)
     if not multirun and configs:
         this_process_runs_on(configs[-1])

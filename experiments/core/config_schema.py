@@ -125,22 +125,23 @@ def experiment_schemas(*sections: type) -> dict[str, type]:
     return {experiment_name(cls): experiment_schema(cls) for cls in sections}
 
 
-def register_schemas() -> None:
-    """Store every paper's schemas (experiments/<paper>/schema.py: `SCHEMAS`, experiment name -> schema) in
-    Hydra's ConfigStore, once: every composition calls this, and storing them again (each converted to a
-    config) would cost 0.09 s a time."""
+def register_schemas(*names: str) -> None:
+    """Store the schemas of the experiments `names` (every paper's, experiments/<paper>/schema.py: `SCHEMAS`,
+    experiment name -> schema, when none is named) in Hydra's ConfigStore, each once: every composition calls
+    this, and storing one converts it to a config (0.005 s a schema). A command line composes one experiment,
+    so its answer stores that one's schema, not all twenty."""
     from hydra.core.config_store import ConfigStore
 
     from experiments.core.papers import PAPER_PACKAGES
 
     store = ConfigStore.instance()
-    if GROUP in store.repo:
-        return
+    stored = set(store.list(GROUP)) if GROUP in store.repo else set()
     for package in PAPER_PACKAGES:
         name = f"experiments.{package}.schema"
         if importlib.util.find_spec(name) is not None:
             for experiment, schema in importlib.import_module(name).SCHEMAS.items():
-                store.store(group=GROUP, name=experiment, node=schema, package="_global_")
+                if (not names or experiment in names) and f"{experiment}.yaml" not in stored:
+                    store.store(group=GROUP, name=experiment, node=schema, package="_global_")
 
 
 def typed(cfg):

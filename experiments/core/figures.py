@@ -16,17 +16,8 @@ import pandas as pd
 from experiments.core import registry
 from experiments.core.errors import UserError
 from experiments.core.plotting import figure_caption
-from experiments.core.results import (
-    CLAIM_COLUMNS,
-    CLAIMS_FILE,
-    FIGURES_DIR,
-    METRICS_FILE,
-    RUN_FILE,
-    metrics_path,
-    read_claims,
-    read_metrics,
-    write_csv_atomic,
-)
+from experiments.core.results import CLAIM_COLUMNS, metrics_path, read_claims, read_metrics, write_csv_atomic
+from experiments.core.run_folder import CLAIMS_FILE, FIGURES_DIR, METRICS_FILE, RUN_FILE
 from experiments.core.seeds import aggregate_claims, plot_claims_over_seeds, seeds_only
 
 log = logging.getLogger(__name__)

@@ -18,11 +18,8 @@ import pandas as pd
 
 from experiments.core import progress
 from experiments.core.atomic import write_atomic
+from experiments.core.run_folder import CLAIMS_FILE, FIGURES_DIR, METRICS_FILE
 
-METRICS_FILE = "metrics.csv"
-CLAIMS_FILE = "claims.csv"
-RUN_FILE = "run.json"
-FIGURES_DIR = "figures"
 # The claim contract (docs/design.md, "The run folder"): a stable id, the paper's reference, a description with
 # no measured numbers in it, the paper's number (or empty), what this run measured, and how the two are compared:
 #   comparison "<="     passes when measured <= tolerance       (tolerance is the bound)

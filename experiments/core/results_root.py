@@ -23,7 +23,8 @@ from experiments.core.atomic import write_atomic, write_text_atomic
 from experiments.core.errors import UserError
 from experiments.core.figures import is_run_dir, is_sweep_dir, job_dirs, render_multirun, render_run, run_state
 from experiments.core.plotting import SOURCE_KEY
-from experiments.core.results import CLAIMS_FILE, FIGURES_DIR, GZIP_SUFFIX, METRICS_FILE, RUN_FILE
+from experiments.core.results import GZIP_SUFFIX
+from experiments.core.run_folder import CLAIMS_FILE, FIGURES_DIR, METRICS_FILE, RUN_FILE
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from experiments.core.errors import UserError, first_line
-from experiments.core.results import RUN_FILE
+from experiments.core.run_folder import RUN_FILE
 
 SWEEP_FILE = "multirun.yaml"
 # the sweep's own Hydra overrides that a resume sets itself

@@ -22,7 +22,8 @@ from experiments.core.atomic import write_json_atomic
 from experiments.core.errors import first_line
 from experiments.core.figures import render_run
 from experiments.core.provenance import git_state, host, package_versions
-from experiments.core.results import RUN_FILE, RunContext
+from experiments.core.results import RunContext
+from experiments.core.run_folder import RUN_FILE
 from experiments.core.runtime import (
     describe_device,
     dtype_name,

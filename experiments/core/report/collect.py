@@ -16,7 +16,8 @@ import pandas as pd
 
 from experiments.core import registry
 from experiments.core.report.runs import NOT_COMPLETE, SMOKE, Run, find_runs, rel, select_runs
-from experiments.core.results import CHECK_COLUMNS, CLAIM_COLUMNS, CLAIMS_FILE
+from experiments.core.results import CHECK_COLUMNS, CLAIM_COLUMNS
+from experiments.core.run_folder import CLAIMS_FILE
 from experiments.core.seeds import interval95, seeds_only
 
 OTHER = "other"  # the paper group of runs whose experiment is no longer registered

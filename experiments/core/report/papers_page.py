@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.core.results import CLAIMS_FILE
 from experiments.core.results_root import Unit, doc_figure_name
+from experiments.core.run_folder import CLAIMS_FILE
 
 PAPERS = {"dherin": "Dherin et al., *Learning without training*",
           "goldwaser": "Goldwaser et al., *Equivalence of context and parameter updates in modern transformer blocks*",

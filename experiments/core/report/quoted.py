@@ -22,7 +22,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.core.errors import UserError
-from experiments.core.results import CLAIMS_FILE, read_metrics
+from experiments.core.results import read_metrics
+from experiments.core.run_folder import CLAIMS_FILE
 
 MARK = re.compile(r"<!-- q: (?P<unit>\S+) (?P<what>\S+)(?: (?P<spec>\S+))? -->(?P<text>.*?)<!-- /q -->", re.S)
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.core.results import RUN_FILE
+from experiments.core.run_folder import RUN_FILE
 
 # Which run of an experiment speaks for it: the highest preset first, then the newest. A preset not named
 # here (a user's own) ranks with cpu.

@@ -14,7 +14,7 @@ import pandas as pd
 from experiments.core import registry
 from experiments.core.report.collect import OTHER, Report, paper_of
 from experiments.core.report.runs import Run
-from experiments.core.results import FIGURES_DIR
+from experiments.core.run_folder import FIGURES_DIR
 
 CLAIM_HEADER = ["Claim", "Ref", "Paper", "Measured", "Tolerance", "Result", "Run", "Preset", "Model"]
 
