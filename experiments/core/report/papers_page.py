@@ -11,6 +11,7 @@ measured there, the run's scale; the figure's thumbnail; and a verdict that is c
                                       or ablation measured
     drawn, not judged                 the run draws the figure but checks no claim for it
     not run here                      no experiment, or no committed run: what it needs, and the command
+    nothing to measure                a diagram, or a table of ✓/× without numbers
 
 An item may name its run (`run: patch_match/qwen2.5-0.5b`); else the experiment's `paper` run, else its first.
 """
@@ -32,7 +33,8 @@ PAPERS = {"dherin": "Dherin et al., *Learning without training*",
           "xu_fang": "Xu & Fang, *Self-attention as a covariance readout*"}
 # verdicts beside which the item says what the paper's own scale needs (a GPU, a gated hub model)
 SCALE_NOTED = ("reproduced at a smaller scale", "differs", "drawn, not judged")
-VERDICTS = ("reproduced", "reproduced at a smaller scale", "differs", "drawn, not judged", "not run here", "a diagram")
+VERDICTS = ("reproduced", "reproduced at a smaller scale", "differs", "drawn, not judged", "not run here",
+            "nothing to measure")
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,8 @@ def _scale(unit: Unit) -> str:
 
 
 def judge(item: dict, unit: Unit | None) -> Judged:
-    if item["kind"] == "diagram":
-        return Judged("a diagram", "", "")
+    if item["kind"] == "diagram":  # a figure or table without numbers (a block diagram, a ✓/× summary)
+        return Judged("nothing to measure", "", "")
     if not item["experiment"] or unit is None:
         return Judged("not run here", "", "")
     claims = _claims(unit)
@@ -168,7 +170,8 @@ def render_papers_page(items: list[dict], root: Path, units: list[Unit], figures
             "measured. The verdict is computed from the runs' claims: *reproduced* (every claim passes at the "
             "paper's settings), *reproduced at a smaller scale* (they pass on a smaller run), *differs* (a claim "
             "fails; the reason says what a control or ablation measured), *drawn, not judged* (the figure is "
-            "drawn, no claim checks it), *not run here* (what it needs, and the command).", "",
+            "drawn, no claim checks it), *not run here* (what it needs, and the command), *nothing to measure* (a "
+            "diagram, a table of ✓/×).", "",
             f"{len(items)} items: {tally}.", ""]
     return "\n".join(head + body)
 
