@@ -237,7 +237,7 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     ("prompts=[{name:a,text:hi,check:loud}]", "check='loud' is not a behaviour check"),
     ("system=Be brief.", "system= needs check="),
     ("prompts=[{name:a,text:hi,check:frnech}]", "did you mean french?"),
-    ("queries=[Hi?,Why?,How so?,hi?,\"  WHY? \"]", "held-out query 'hi?' repeats a fit query"),
+    ("queries=[Hi?,Why?,How so?,hi?,\"  WHY? \"]", "held-out query 'hi?' repeats fit query 'Hi?'"),
     ("lora_targets=[q_lin]", "q_lin names no module of tiny-llama"),
     (("save=bake", "methods=[analytic]"), "save=bake is not among methods"),
     ("analytic_ranks=[null,2]", "2 budget points for analytic need validation=N"),

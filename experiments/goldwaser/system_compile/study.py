@@ -122,14 +122,17 @@ def compile_at(cfg: SystemCompileConfig, ctx: RunContext, lm, adapter, ref: Refe
 
 def choose_point(cfg: SystemCompileConfig, ctx: RunContext, lm, adapter, ref: Reference, items: list[FitItem],
                  gen: Generation, method: str, **index) -> Point:
-    """The method's budget point (budgets.py): the only one when there is no choice, else the one of lowest
-    KL on the validation queries, each point compiled on the other fit queries. Every point's validation KL
+    """The method's budget point (budgets.py): without validation= the only one, else the one of lowest
+    KL on the validation queries (one point alone is scored there all the same), each point compiled on the
+    other fit queries. Every point's validation KL
     and compile seconds go to metrics.csv (split=validation) with its index (budget_point) and knobs
     (budget_rank, budget_ridge, budget_steps)."""
     grid = points(cfg, method)
     validation = ref.indices("fit")[len(ref.indices("fit")) - cfg.validation:] if cfg.validation else []
-    if not validation or len(grid) == 1:  # nothing to choose: no compile on the other fit queries
+    if not validation:  # nothing to choose on: no compile on the other fit queries
         return grid[0]
+    # a single point under validation= is scored too: its validation KL and the bake's curve on the validation
+    # queries are what the run was asked for, even with nothing to choose between
     train = [it for it in items if it.query not in set(validation)]
     scored = []
     for j, point in enumerate(grid):
