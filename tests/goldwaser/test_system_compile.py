@@ -22,11 +22,11 @@ TINY = ("model=tiny-llama", "queries=[Hi?,Why?,How so?,What now?]", "heldout=2",
 # -- the shared smoke run -------------------------------------------------------------------------------
 def test_smoke_run_measures_every_method_on_both_splits(smoke_run):
     m = pd.read_csv(smoke_run / "metrics.csv")
-    per_query = m[m["metric"].isin(["kl", "top1", "behaviour"])]
+    per_query = m[m["metric"].isin(["kl", "top1", "behaviour", "prompted_reply_loglik"])]
     for method in ("control", "analytic", "bake"):
         for split in ("fit", "heldout"):
             rows = per_query[(per_query["method"] == method) & (per_query["split"] == split)]
-            assert set(rows["metric"]) == {"kl", "top1", "behaviour"}, (method, split)
+            assert set(rows["metric"]) == {"kl", "top1", "behaviour", "prompted_reply_loglik"}, (method, split)
     assert set(m.loc[m["method"] == "reference", "metric"]) >= {"behaviour", "reference_s", "data_s"}
     # the analytic patch at its own fit positions: a construction (least squares, N below the hidden size)
     analytic = per_query[per_query["method"] == "analytic"]
@@ -41,10 +41,11 @@ def test_smoke_run_measures_every_method_on_both_splits(smoke_run):
     curve = m[m["metric"] == "bake_eval_kl"]
     assert sorted(curve["step"]) == [0, 2, 3] and set(curve["split"]) == {"heldout"}
     claims = pd.read_csv(smoke_run / "claims.csv").set_index("id")
-    for x in ("analytic", "bake"):  # measured; on random weights they may fail
-        assert f"system_compile.heldout.{x}_kl_below_control" in claims.index
-        assert f"system_compile.heldout.{x}_behaviour_above_control" in claims.index
-    assert "system_compile.heldout.bake_kl_below_analytic" in claims.index
+    for x in ("analytic", "bake"):  # measured, per system prompt; on random weights they may fail
+        for kind in ("kl_below_control", "behaviour_above_control", "no_leak"):
+            assert f"system_compile.heldout.ahoy.{x}_{kind}" in claims.index
+    assert "system_compile.heldout.ahoy.bake_kl_below_analytic" in claims.index
+    assert {"prompts_passed", "kl_ratio_geomean", "coherence_threshold", "check_agreement"} <= set(m["metric"])
     assert (smoke_run / "figures" / "heldout.png").is_file() and (smoke_run / "figures" / "bake_curve.png").is_file()
     assert (smoke_run / "figures" / "kl_vs_compile_s.png").is_file()
     generations = json.loads((smoke_run / "generations.json").read_text())
@@ -110,7 +111,8 @@ def test_a_budget_sweep_chooses_on_validation_queries_and_never_reads_the_heldou
     assert set(m.loc[m["metric"] == "bake_eval_kl", "split"]) == {"validation"}  # the sweep's curves
     assert all(split == ["fit"] for split in read)  # the validation query is a fit query; never a held-out one
     heldout = m[(m["split"] == "heldout") & m["method"].isin(["analytic", "bake"])]
-    assert set(heldout["metric"]) == {"kl", "top1", "behaviour"} and heldout["budget_point"].isna().all()
+    assert set(heldout["metric"]) <= {"kl", "top1", "behaviour", "prompted_reply_loglik", "reply_loglik"}
+    assert heldout["budget_point"].isna().all()
     for method, group in val.groupby("method"):
         best = group.sort_values("value").iloc[0]  # the smoke run's KLs are distinct: no tie to break
         final = m[(m["metric"] == "compile_s") & (m["method"] == method) & m["split"].isna()].iloc[0]
@@ -147,9 +149,84 @@ def test_a_compile_that_changes_nothing_fails_the_claims(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "bake", lambda lm, data, s, *a: real_bake(lm, data, dataclasses.replace(s, lr=0.0), *a))
     claims = run_claims(EXPERIMENT, tmp_path / "broken")
     for x in ("analytic", "bake"):
-        row = claims.loc[f"system_compile.heldout.{x}_kl_below_control"]
+        row = claims.loc[f"system_compile.heldout.ahoy.{x}_kl_below_control"]
         assert row["measured"] == 1.0 and not row["passed"]
-    assert not claims.loc["system_compile.heldout.bake_kl_below_analytic", "passed"]
+    assert not claims.loc["system_compile.heldout.ahoy.bake_kl_below_analytic", "passed"]
+
+
+def test_a_leaked_compile_fails_its_leak_claim_and_a_kl_of_zero_writes_the_claims(tmp_path, monkeypatch):
+    """Both compiles made to do nothing and then measured as the stock model READING THE PROMPT (their plain
+    input replaced by the prompted one): KL 0.000 on every held-out query. The KL claims pass on it (0 / control)
+    and the leak claims fail; bake / analytic is 0 / 0 (no ZeroDivisionError); claims.csv and summary.md exist."""
+    import dataclasses
+
+    from experiments.goldwaser.system_compile import study
+    from tests.helpers.in_process import run_claims
+
+    real_fit, real_bake, real_measure = study.fit_patch, study.bake, study.measure_model
+
+    def zero_fit(*args, **kwargs):
+        patch = real_fit(*args, **kwargs)
+        patch.restore(args[0])
+        return patch
+
+    def leaked(lm, ref, gen, log, generations=None, **index):
+        if index["method"] in ("analytic", "bake"):
+            ref = dataclasses.replace(ref, ids=[dataclasses.replace(i, plain=i.prompted) for i in ref.ids])
+        return real_measure(lm, ref, gen, log, generations, **index)
+
+    monkeypatch.setattr(study, "fit_patch", zero_fit)
+    monkeypatch.setattr(study, "bake", lambda lm, data, s, *a: real_bake(lm, data, dataclasses.replace(s, lr=0.0), *a))
+    monkeypatch.setattr(study, "measure_model", leaked)
+    claims = run_claims(EXPERIMENT, tmp_path / "leak")
+    for x in ("analytic", "bake"):
+        assert claims.loc[f"system_compile.heldout.ahoy.{x}_kl_below_control", "measured"] == 0.0
+        assert not claims.loc[f"system_compile.heldout.ahoy.{x}_no_leak", "passed"]
+    assert not claims.loc["system_compile.heldout.ahoy.bake_kl_below_analytic", "passed"]
+    assert (tmp_path / "leak" / "claims.csv").is_file() and (tmp_path / "leak" / "summary.md").is_file()
+
+
+def test_the_compiled_model_never_sees_the_prompts_tokens(tmp_path, monkeypatch):
+    """A spy on every input the compiled models are fed while they are measured (teacher-forced and generating):
+    none holds the system prompt's tokens; the prompted reference's inputs, spied the same way, do."""
+    from experiments.goldwaser.system_compile import study
+    from experiments.zoo.tokenizer import byte_tokenizer
+    from tests.helpers.in_process import run_claims
+
+    system = list(byte_tokenizer()("Begin every answer", add_special_tokens=False)["input_ids"])
+    seen: dict[str, list[list[int]]] = {}
+    real_measure, real_reference = study.measure_model, study.reference
+
+    def spy(method, lm):
+        def hook(module, args, kwargs):
+            ids = kwargs.get("input_ids")
+            if ids is not None:
+                seen.setdefault(method, []).extend(ids.tolist())
+        return lm.register_forward_pre_hook(hook, with_kwargs=True)
+
+    def measure(lm, ref, gen, log, generations=None, **index):
+        handle = spy(index["method"], lm)
+        try:
+            return real_measure(lm, ref, gen, log, generations, **index)
+        finally:
+            handle.remove()
+
+    def reference(cfg, model, *args):
+        handle = spy("reference", model)
+        try:
+            return real_reference(cfg, model, *args)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(study, "measure_model", measure)
+    monkeypatch.setattr(study, "reference", reference)
+    run_claims(EXPERIMENT, tmp_path / "spy")
+
+    def holds(row: list[int]) -> bool:
+        return any(row[i:i + len(system)] == system for i in range(len(row) - len(system) + 1))
+    assert any(holds(row) for row in seen["reference"])
+    for method in ("analytic", "bake"):
+        assert seen[method] and not any(holds(row) for row in seen[method]), method
 
 
 def test_the_bakes_compile_time_leaves_out_its_heldout_evaluations(tmp_path, monkeypatch):
@@ -237,7 +314,7 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     ("prompts=[{name:a,text:hi,check:loud}]", "check='loud' is not a behaviour check"),
     ("system=Be brief.", "system= needs check="),
     ("prompts=[{name:a,text:hi,check:frnech}]", "did you mean french?"),
-    ("queries=[Hi?,Why?,How so?,hi?,\"  WHY? \"]", "held-out query 'hi?' repeats a fit query"),
+    ("queries=[Hi?,Why?,How so?,hi?,\"  WHY? \"]", "held-out query 'hi?' repeats fit query 'Hi?'"),
     ("lora_targets=[q_lin]", "q_lin names no module of tiny-llama"),
     (("save=bake", "methods=[analytic]"), "save=bake is not among methods"),
     ("analytic_ranks=[null,2]", "2 budget points for analytic need validation=N"),

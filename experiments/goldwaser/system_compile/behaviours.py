@@ -1,37 +1,50 @@
-"""The system prompts and the code that checks their effect on a reply.
+"""The system prompts and the code that checks their effect on a reply, as a reader would.
 
 A check takes the reply's text and says whether the prompt's behaviour is there. Checks are named by a short
 spec in the config (`french`, `language:es`, `starts_with:Ahoy`, `uppercase`, `json`, `no_letter:e`,
-`ends_with:WORD`, `one_sentence`, `recalls:TEXT`), so a user's own system prompt can name one.
+`ends_with:WORD`, `one_sentence`, `recalls:TEXT`), so a user's own system prompt can name one. Code blocks and
+inline code are left out of every check but `json`.
 
-Every check but `json` first asks for a coherent reply (enough words, not one word repeated): a reply that
-only starts right, or a word list in the right language, is not the behaviour. The language comes from
-py3langid (a maintained offline identifier), not from counting function words, which Spanish, Portuguese and
-"de de de la la la" pass. Code blocks are left out of every check but `json`. Plain string functions: no
-model, no torch."""
+Each check judges the reply, not its words. Its text side is here: the language by lingua on the reply's
+clauses (language.py), a first word after any quotes or ¡ and with a word boundary after it, accents folded for
+a lipogram (and a reply in a script without the letter refused), JSON by `json.loads` with NaN refused and a
+fence in any case, a number with its thousands separators, a sentence end that is not an abbreviation's dot.
+Every check but `json` also refuses a DEGENERATE reply: fewer than MIN_WORDS words, most words without a letter
+(a digit run), or a word pair repeated through it (REPEATED_PAIRS; a word list or "Ahoy! Ahoy! Ahoy!"). What
+a word list in the right language is, is the model's to say: a reply counts only when the stock model finds it
+likely enough (coherence.py), which the run applies on top of the check. Plain string functions: no model."""
 
 from __future__ import annotations
 
 import difflib
 import json
 import re
+import unicodedata
 from collections.abc import Callable
-from functools import cache
 
 from experiments.core.errors import UserError
+from experiments.goldwaser.system_compile.language import (
+    LANGUAGE_SHARE,
+    WORDISH,
+    known_codes,
+    language_of,
+    language_share,
+)
 
-UPPERCASE_SHARE = 0.9  # of a reply's letters outside code blocks, for `uppercase`
-MIN_WORDS = 5  # a coherent reply has at least this many words outside code blocks ...
-MIN_DISTINCT = 0.6  # ... and at least this share of them distinct (a repeated word is not a reply) ...
-MIN_VOICED = 0.8  # ... and this share of its Latin-script words with a vowel ("zzz qqq x" is not prose)
-VOWEL = re.compile(r"[aeiouyàâäéèêëîïôöùûüÿæœáíóúãõ]")
-LANGUAGE_PROB = 0.5  # py3langid's normalised probability of the wanted language (short replies in a related
-# language score 0.6-0.85 on the right one; garbage with a few function words scores below 0.35)
-WORD = re.compile(r"[^\W_]+(?:'[^\W\d_]+)?", re.UNICODE)
+UPPERCASE_SHARE = 0.9  # of a reply's cased letters outside code blocks, for `uppercase`
+MIN_CASED = 5  # ... of which it has at least this many (digits alone are not capitals)
+MIN_WORDS = 3  # a reply has at least this many words outside code (a CJK character is a word) ...
+MIN_LETTERED = 0.5  # ... at least this share of them with a letter ("Ahoy, 1 2 3 4 5 6" is not a reply) ...
+REPEATED_PAIRS = 0.3  # ... and at most this share of its adjacent word pairs repeating an earlier pair
+SCRIPT_SHARE = 0.9  # no_letter: of the reply's letters, in the letter's script (a CJK reply is no lipogram)
+WORD = re.compile(r"[^\W_]+(?:['\u2019][^\W\d_]+)?", re.UNICODE)
 CODE_BLOCK = re.compile(r"```.*?(```|$)", re.DOTALL)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
-LEADING_MARKS = " \t\n*_#>\"'`"  # skipped before a first word
-SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
+ABBREVIATIONS = {"dr", "mr", "mrs", "ms", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "cf", "approx", "no",
+                 "fig", "eq", "vol", "inc", "ltd", "co", "mt", "jan", "feb", "aug", "sept", "oct", "nov", "dec", "ca",
+                 "u.s", "u.k", "a.m", "p.m", "ph.d", "mme", "mlle", "sra", "núm", "z.b", "bzw"}
+SENTENCE_END = re.compile(r"(?:[.!?…]+|[。！？]+)[\"'”’»)\]]*")
+NUMBER = re.compile(r"(?<![\w.,])\d{1,3}(?:([,.\u202f\u00a0' _])\d{3})(?:\1\d{3})*(?![\d])|(?<![\w])\d+(?![\d])")
 
 
 def prose(text: str) -> str:
@@ -39,95 +52,167 @@ def prose(text: str) -> str:
     return INLINE_CODE.sub(" ", CODE_BLOCK.sub(" ", text))
 
 
-def _words(text: str) -> list[str]:
-    return [w.lower() for w in WORD.findall(prose(text))]
+def words(text: str) -> list[str]:
+    """The prose's words, lowercased: runs of letters and digits (an apostrophe's suffix kept: "l'heure",
+    "Australia's"), each CJK character a word."""
+    return [w.lower() for w in WORDISH.findall(prose(text))]
 
 
-def coherent(text: str) -> bool:
-    """Enough words outside code, most of them distinct: what a real reply has and a degenerate one lacks."""
-    words = _words(text)
-    latin = [w for w in words if w.isascii() and w.isalpha()]
-    return (len(words) >= MIN_WORDS and len(set(words)) >= MIN_DISTINCT * len(words)
-            and sum(bool(VOWEL.search(w)) for w in latin) >= MIN_VOICED * len(latin))
-
-
-@cache
-def _identifier():
-    from py3langid.langid import MODEL_FILE, LanguageIdentifier
-
-    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+def degenerate(text: str) -> str | None:
+    """Why the prose is not a reply (None when it may be one): too few words, mostly words without a letter,
+    or a word pair repeated through it. Not a judge of coherence (a word list passes here; coherence.py)."""
+    w = words(text)
+    if len(w) < MIN_WORDS:
+        return f"fewer than {MIN_WORDS} words"
+    if sum(any(c.isalpha() for c in x) for x in w) < MIN_LETTERED * len(w):
+        return "mostly words without a letter"
+    pairs = list(zip(w, w[1:], strict=False))
+    if len(pairs) - len(set(pairs)) > REPEATED_PAIRS * len(pairs):
+        return "a repeated word pair"
+    return None
 
 
 def in_language(code: str) -> Callable[[str], bool]:
-    """The reply's prose is coherent and py3langid names `code` (ISO 639-1) with probability ≥ LANGUAGE_PROB."""
+    """The reply's prose is not degenerate and mostly in the language `code` (ISO 639-1; language.py)."""
     def check(text: str) -> bool:
-        if not coherent(text):
-            return False
-        lang, prob = _identifier().classify(prose(text))
-        return lang == code and prob >= LANGUAGE_PROB
+        return degenerate(text) is None and language_share(prose(text), code) >= LANGUAGE_SHARE
     return check
 
 
+def _after_leading_marks(text: str) -> str:
+    """The text from its first letter or digit: markdown marks, quotes (“ « „ "), ¡ ¿ and spaces skipped."""
+    for i, c in enumerate(text):
+        if unicodedata.category(c)[0] in "LN":
+            return text[i:]
+    return ""
+
+
 def starts_with(word: str) -> Callable[[str], bool]:
-    """The reply's first word is `word` (case-insensitive; markdown marks and quotes before it are skipped) and
-    a coherent reply follows it: more than the word, not the word repeated."""
+    """The reply's first word is `word` (case-insensitive; whatever is not a letter or digit before it skipped,
+    a word boundary after it: "Ahoyhoy", "Ahoy's" do not start with Ahoy) and a reply follows it."""
     want = word.lower()
 
     def check(text: str) -> bool:
-        first = WORD.match(text.lstrip(LEADING_MARKS))
-        return (first is not None and first.group(0).lower() == want
-                and coherent(text.lstrip(LEADING_MARKS)[first.end():]))
+        body = _after_leading_marks(prose(text))
+        first = WORD.match(body)
+        return (first is not None and first.group(0).lower() == want and not re.match(r"\w", body[first.end():])
+                and degenerate(body[first.end():]) is None)
     return check
 
 
 def ends_with(word: str) -> Callable[[str], bool]:
-    """A coherent reply whose last word is `word` (case-insensitive; closing punctuation allowed)."""
+    """A reply whose last word is `word` (case-insensitive; closing punctuation allowed) after a reply."""
     want = word.lower()
 
     def check(text: str) -> bool:
-        words = _words(text)
-        return bool(words) and words[-1] == want and coherent(" ".join(words[:-1]))
+        w = [x.lower() for x in WORD.findall(prose(text))]
+        return bool(w) and w[-1] == want and degenerate(" ".join(w[:-1])) is None
     return check
+
+
+def fold(text: str) -> str:
+    """Casefolded, accents taken off and ligatures written out: "À Noël, œuvre" -> "a noel, oeuvre"."""
+    text = unicodedata.normalize("NFKD", text.casefold())
+    text = "".join(c for c in text if not unicodedata.combining(c))
+    return text.replace("œ", "oe").replace("æ", "ae").replace("ß", "ss").replace("ø", "o")
+
+
+def _script(c: str) -> str:
+    return unicodedata.name(c, "?").split(" ")[0]
 
 
 def no_letter(letter: str) -> Callable[[str], bool]:
-    """A lipogram: a coherent reply whose prose never uses `letter` (either case)."""
+    """A lipogram: a reply written in the letter's script (SCRIPT_SHARE of its letters) whose prose never uses
+    `letter`, in either case or under an accent (é, ë, È and œ hold an e)."""
+    want, script = fold(letter), _script(letter)
+
     def check(text: str) -> bool:
-        return coherent(text) and letter.lower() not in prose(text).lower()
+        body = prose(text)
+        letters = [c for c in body if c.isalpha()]
+        return (degenerate(text) is None and sum(_script(c) == script for c in letters) >= SCRIPT_SHARE * len(letters)
+                and want not in fold(body))
     return check
+
+
+def _digits(number: str) -> str:
+    return re.sub(r"\D", "", number)
 
 
 def recalls(fact: str) -> Callable[[str], bool]:
-    """A coherent reply that states `fact` (a secret number or word; case-insensitive, as a whole token)."""
+    """A reply that states `fact` (a secret number or word; case-insensitive, as a whole token). A number is
+    found with its thousands separators ("7,342", "7 342", "7.342") and not inside another number (73421)."""
+    if re.fullmatch(r"\d+", fact):
+        def check(text: str) -> bool:
+            return degenerate(text) is None and any(_digits(m.group(0)) == fact for m in NUMBER.finditer(prose(text)))
+        return check
     pattern = re.compile(rf"(?<!\w){re.escape(fact)}(?!\w)", re.IGNORECASE)
 
-    def check(text: str) -> bool:
-        return coherent(text) and pattern.search(text) is not None
-    return check
+    def check_text(text: str) -> bool:
+        return degenerate(text) is None and pattern.search(prose(text)) is not None
+    return check_text
 
 
 def is_uppercase(text: str) -> bool:
+    """A reply whose cased letters outside code are capitals (UPPERCASE_SHARE), with at least MIN_CASED of them
+    and most of its letters cased: digits alone, and a script without case, are not capitals."""
     letters = [c for c in prose(text) if c.isalpha()]
-    return coherent(text) and sum(c.isupper() for c in letters) >= UPPERCASE_SHARE * len(letters)
+    cased = [c for c in letters if c.lower() != c.upper()]
+    return (degenerate(text) is None and len(cased) >= MIN_CASED and len(cased) >= 0.5 * len(letters)
+            and sum(c.isupper() for c in cased) >= UPPERCASE_SHARE * len(cased))
+
+
+def sentences(body: str) -> list[str]:
+    """The prose's sentences: cut after . ! ? … (and 。！？) followed by a space, unless the dot ends an
+    abbreviation ("Dr.", "e.g.") or an initial ("J. Smith"), or the next word starts in lower case."""
+    out, start = [], 0
+    for m in SENTENCE_END.finditer(body):
+        end, rest = m.end(), body[m.end():]
+        cjk = m.group(0)[0] in "。！？"
+        if not cjk and not (rest[:1].isspace() or not rest):
+            continue
+        token = re.findall(r"[\w.]+$", body[start:m.start()])
+        before = token[0].lower().rstrip(".") if token else ""
+        if m.group(0) == "." and (before in ABBREVIATIONS or (len(before) == 1 and before.isalpha())):
+            continue
+        following = rest.lstrip()[:1]
+        if m.group(0) == "." and following.islower():
+            continue
+        out.append(body[start:end])
+        start = end
+    out.append(body[start:])
+    return [x for x in out if WORD.search(x)]
 
 
 def one_sentence(text: str) -> bool:
-    """A coherent reply of exactly one sentence: no sentence end before its last words."""
+    """A reply of exactly one sentence (sentences(): abbreviations and initials do not end one)."""
     body = " ".join(prose(text).split())
-    return coherent(body) and len([s for s in SENTENCE_END.split(body) if WORD.search(s)]) == 1
+    return degenerate(body) is None and len(sentences(body)) == 1
+
+
+def _json_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def is_json(text: str) -> bool:
-    """The whole reply parses as a non-empty JSON object or array (a ```json fence around it is allowed)."""
+    """The whole reply parses (json.loads, NaN and Infinity refused) as a JSON object or array holding a value
+    (`[[[]]]` holds none); a ``` fence around it, with json in any case or no tag, is allowed."""
     body = text.strip()
-    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.DOTALL)
+    fenced = re.fullmatch(r"```[ \t]*(?:json)?[ \t]*\n?(.*?)\s*```", body, re.DOTALL | re.IGNORECASE)
     if fenced:
         body = fenced.group(1)
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_constant=_json_constant)
     except ValueError:
         return False
-    return isinstance(value, (dict, list)) and len(value) > 0
+    return isinstance(value, (dict, list)) and _holds_value(value)
+
+
+def _holds_value(value) -> bool:
+    if isinstance(value, dict):
+        return len(value) > 0
+    if isinstance(value, list):
+        return any(_holds_value(v) for v in value)
+    return True
 
 
 CHECKS: dict[str, Callable[[str], bool]] = {
@@ -157,9 +242,10 @@ def check_for(spec: str) -> Callable[[str], bool]:
         raise _refuse(spec)
     if not arg:
         raise _refuse(spec, f" ({name}: needs a value after the colon)")
-    if name == "language":
-        if arg not in _identifier().labels:
-            raise _refuse(spec, f" (py3langid knows no language {arg!r})")
+    if name == "language" and language_of(arg) is None:
+        raise _refuse(spec, f" (lingua knows no language {arg!r}; ISO 639-1 codes: {', '.join(known_codes())})")
+    if name in ("starts_with", "ends_with") and not WORD.fullmatch(arg):
+        raise _refuse(spec, f" ({name}: takes one word)")
     if name == "no_letter" and not (len(arg) == 1 and arg.isalpha()):
         raise _refuse(spec, " (no_letter: takes one letter)")
     return PARAMETRISED[name](arg)

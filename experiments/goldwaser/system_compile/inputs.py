@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from experiments.core.errors import UserError, first_line
 from experiments.goldwaser.common import text_list
+from experiments.goldwaser.system_compile.duplicates import near_duplicates
 from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
 SYSTEM_MARKER = "SYSTEM-PROMPT-MARKER-7f3a"  # rendered to see whether a template keeps a system turn
@@ -48,16 +49,21 @@ def split(cfg: SystemCompileConfig) -> tuple[list[str], list[str]]:
     if n >= len(queries):
         raise UserError(f"heldout={n} leaves no query to fit on ({len(queries)} queries; heldout ≤ {len(queries) - 1})")
     fit, held = queries[:-n], queries[-n:]
-    seen = {_normal(q) for q in fit}
-    repeats = [q for q in held if _normal(q) in seen]
-    if repeats:
-        raise UserError(f"held-out query {repeats[0]!r} repeats a fit query (case and spaces aside): a held-out "
-                        f"number on it would measure the fit ({len(repeats)} such); give distinct queries")
+    refuse_near_duplicates(fit, held, max(0, min(cfg.validation, len(fit))))
     return fit, held
 
 
-def _normal(query: str) -> str:
-    return " ".join(query.casefold().split())
+def refuse_near_duplicates(fit: list[str], held: list[str], validation: int) -> None:
+    """One line naming the first pair of queries that mean the same (duplicates.py: case, spaces,
+    punctuation, contractions, zero-width characters, a typing slip), wherever they are: a held-out query equal
+    to a fit one measures the fit, two equal held-out queries count one reply twice, and a repeated fit query
+    weighs one query double."""
+    groups = {"fit": fit[:len(fit) - validation], "validation": fit[len(fit) - validation:], "held-out": held}
+    pairs = near_duplicates(groups)
+    if pairs:
+        r1, q1, r2, q2 = pairs[0]
+        raise UserError(f"{r2} query {q2!r} repeats {r1} query {q1!r} (the same after case, spaces, punctuation "
+                        f"and contractions; {len(pairs)} such pair{'s' * (len(pairs) != 1)}): give distinct queries")
 
 
 def check_not_default(ids: QueryIds, name: str, model: str) -> None:

@@ -1,5 +1,7 @@
 """Behaviour pass rates with their 95 % Wilson score interval: with 16 held-out replies one reply moves a rate by
-0.06, so a claim compares interval ends (the method's lower end against the control's upper end), not points."""
+0.06, so a claim compares interval ends (the method's lower end against the control's upper end), not points,
+and per system prompt: its replies are the trials of one proportion. The row pooled over prompts ("all") is
+for the summary table only; its replies are not independent trials of one proportion, so no claim reads it."""
 
 from __future__ import annotations
 
@@ -22,11 +24,3 @@ def rate_table(m: pd.DataFrame, split: str = "heldout") -> pd.DataFrame:
             out.append(dict(prompt=prompt, method=method, passes=int(k), replies=n, rate=k / n if n else math.nan,
                             lo=lo, hi=hi))
     return pd.DataFrame(out, columns=["prompt", "method", "passes", "replies", "rate", "lo", "hi"])
-
-
-def pooled(table: pd.DataFrame, method: str) -> pd.Series:
-    """The pooled row (every prompt's held-out replies) of `method`; NaNs when it has none."""
-    rows = table[(table["prompt"] == "all") & (table["method"] == method)]
-    if not len(rows):
-        return pd.Series(dict(passes=0, replies=0, rate=math.nan, lo=math.nan, hi=math.nan))
-    return rows.iloc[0]

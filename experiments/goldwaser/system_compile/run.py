@@ -165,7 +165,7 @@ def run(cfg: SystemCompileConfig, ctx: RunContext) -> None:
     from experiments.core.samples import reply_sample
     from experiments.goldwaser.common import stop_ids
     from experiments.goldwaser.system_compile.checkpoint import save_checkpoint
-    from experiments.goldwaser.system_compile.claims import check_claims
+    from experiments.goldwaser.system_compile.claims import check_claims, pooled
     from experiments.goldwaser.system_compile.inputs import encode, split
     from experiments.goldwaser.system_compile.measure import Generation
     from experiments.goldwaser.system_compile.study import run_prompt
@@ -202,6 +202,8 @@ def run(cfg: SystemCompileConfig, ctx: RunContext) -> None:
                                                 split=where, query=first + i, prompt=query))
             ctx.flush()
             bar.advance(1, info=prompt.name)
-    check_claims(cfg, ctx, ctx.metrics())
+    verdicts = check_claims(cfg, ctx, ctx.metrics())
+    for metric, value, index in pooled(ctx.metrics(), [str(x) for x in cfg.methods], verdicts):
+        ctx.log(metric, value, **index)  # a summary over prompts (summary.md), never a claim
     ctx.flush()
     log.info("per-behaviour table: %s", write_summary(ctx.run_dir))

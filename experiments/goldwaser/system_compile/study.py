@@ -15,8 +15,17 @@ from experiments.goldwaser.system_compile.analytic import FitSequence, budget, f
 from experiments.goldwaser.system_compile.bake import BakeExample, BakeSettings, bake
 from experiments.goldwaser.system_compile.behaviours import check_for
 from experiments.goldwaser.system_compile.budgets import Point, choose, points
+from experiments.goldwaser.system_compile.claims import LEAK_FLOOR, rounding_kl
+from experiments.goldwaser.system_compile.coherence import MISCALIBRATED, Judge, threshold
 from experiments.goldwaser.system_compile.inputs import QueryIds, encode
-from experiments.goldwaser.system_compile.measure import Generation, Reference, mean_kl, measure_model
+from experiments.goldwaser.system_compile.measure import (
+    Generation,
+    Reference,
+    StockView,
+    judge_replies,
+    mean_kl,
+    measure_model,
+)
 from experiments.goldwaser.system_compile.replies import generate, reply_logits
 from experiments.goldwaser.system_compile.schema import SystemCompileConfig
 
@@ -122,14 +131,17 @@ def compile_at(cfg: SystemCompileConfig, ctx: RunContext, lm, adapter, ref: Refe
 
 def choose_point(cfg: SystemCompileConfig, ctx: RunContext, lm, adapter, ref: Reference, items: list[FitItem],
                  gen: Generation, method: str, **index) -> Point:
-    """The method's budget point (budgets.py): the only one when there is no choice, else the one of lowest
-    KL on the validation queries, each point compiled on the other fit queries. Every point's validation KL
+    """The method's budget point (budgets.py): without validation= the only one, else the one of lowest
+    KL on the validation queries (one point alone is scored there all the same), each point compiled on the
+    other fit queries. Every point's validation KL
     and compile seconds go to metrics.csv (split=validation) with its index (budget_point) and knobs
     (budget_rank, budget_ridge, budget_steps)."""
     grid = points(cfg, method)
     validation = ref.indices("fit")[len(ref.indices("fit")) - cfg.validation:] if cfg.validation else []
-    if not validation or len(grid) == 1:  # nothing to choose: no compile on the other fit queries
+    if not validation:  # nothing to choose on: no compile on the other fit queries
         return grid[0]
+    # a single point under validation= is scored too: its validation KL and the bake's curve on the validation
+    # queries are what the run was asked for, even with nothing to choose between
     train = [it for it in items if it.query not in set(validation)]
     scored = []
     for j, point in enumerate(grid):
@@ -161,12 +173,18 @@ def run_prompt(cfg: SystemCompileConfig, ctx: RunContext, bundle, adapter, gen: 
     t0 = time.perf_counter()
     ref = reference(cfg, model, tok, gen, prompt, fit, held)
     ctx.log("reference_s", time.perf_counter() - t0, method="reference", **index)
-    texts = {"reference": {"fit": [], "heldout": []}}
-    for i, reply in enumerate(ref.replies):
-        text = gen.decode(reply)
-        ctx.log("behaviour", float(check(text)), method="reference", split=ref.splits[i], query=i, **index)
-        texts["reference"][ref.splits[i]].append(text)
-    texts["control"] = measure_model(model, ref, gen, check, ctx.log, generations=control, method="control", **index)
+    for i in range(len(ref.replies)):
+        # what a rounding-level change of these logits could make: a compiled model below it is a leak (claims.py)
+        ctx.log(LEAK_FLOOR, rounding_kl(ref.logits[i], index["dtype"]), method="reference", split=ref.splits[i],
+                query=i, **index)
+    # the control: the stock model fed each query alone; along the prompted replies it also scores them, which
+    # calibrates the judge once, on the fit queries' replies (coherence.py)
+    control_tokens, scores = measure_model(model, ref, gen, ctx.log, generations=control, method="control", **index)
+    judge = Judge(check, threshold([scores[i] for i in ref.indices("fit")]))
+    texts = {"reference": judge_replies(model, ref, gen, judge, ctx.log, ref.replies, scores, method="reference",
+                                        **index),
+             "control": judge_replies(model, ref, gen, judge, ctx.log, control_tokens, method="control", **index)}
+    log_agreement(ctx, ref, judge, scores, prompt.check, **index)
     t0 = time.perf_counter()
     items = fit_items(cfg, model, ref, gen, seed=cfg.seed + p)
     ctx.log("data_s", time.perf_counter() - t0, method="reference", **index)  # the fit continuations
@@ -179,9 +197,32 @@ def run_prompt(cfg: SystemCompileConfig, ctx: RunContext, bundle, adapter, gen: 
         ctx.log("compile_s", seconds, method=method, **index, **point.columns())
         try:
             ctx.log_many(cost, method=method, **index)
-            texts[method] = measure_model(model, ref, gen, check, ctx.log, method=method, **index)
+            tokens, _ = measure_model(model, ref, gen, ctx.log, method=method, **index)
+            # judged by the model it was compiled from: the stock weights read in place of the changed ones
+            texts[method] = judge_replies(StockView(model, change.originals), ref, gen, judge, ctx.log, tokens,
+                                          method=method, **index)
             if save is not None and method == cfg.save:
                 save(ctx, bundle, ref, gen, prompt, method, change)
         finally:
             change.restore(model)
     return texts
+
+
+def log_agreement(ctx: RunContext, ref: Reference, judge: Judge, scores: list[float], check: str, **index) -> None:
+    """How far the judge agrees with the prompted model's own held-out replies: the threshold, the share of them
+    at or above it (coherence_agreement) and the share the whole check passes (check_agreement); a check that
+    fails MISCALIBRATED or more of them says so in the run's notes (and summary.md, from these metrics)."""
+    held = ref.indices("heldout")
+    coherent = sum(scores[i] >= judge.floor for i in held) / len(held)
+    rows = ctx.metrics()
+    passed = rows[(rows["metric"] == "behaviour") & (rows["method"] == "reference") & (rows["split"] == "heldout")
+                  & (rows["prompt"] == index["prompt"])]["value"]
+    agreement = float(passed.mean())
+    ctx.log("coherence_threshold", judge.floor, method="reference", **index)
+    ctx.log_many(dict(coherence_agreement=coherent, check_agreement=agreement), method="reference", split="heldout",
+                 **index)
+    if agreement < 1 - MISCALIBRATED:
+        ctx.notes.append(f"check {check!r} ({index['prompt']}) passes {agreement:.0%} of the prompted model's own "
+                         f"{len(held)} held-out replies (likelihood threshold: {coherent:.0%}): below "
+                         f"{1 - MISCALIBRATED:.0%}, the check is miscalibrated for this model or the model does not "
+                         "follow the prompt; its rates say little about a compile")

@@ -67,13 +67,40 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pooled_lines(m: pd.DataFrame) -> list[str]:
+    """The summary over prompts (claims.pooled: how many prompts pass each claim, the geometric mean of the KL
+    ratios; a summary, never a claim) and, per prompt, how far its check agrees with the prompted model's own
+    held-out replies (coherence.py), a miscalibrated one said so."""
+    from experiments.goldwaser.system_compile.coherence import MISCALIBRATED
+
+    lines = []
+    for r in m[m["metric"] == "prompts_passed"].itertuples(index=False):
+        lines.append(f"- `{r.claim}`: {int(r.value)} of {int(r.prompts)} system prompts pass")
+    for r in m[m["metric"] == "kl_ratio_geomean"].itertuples(index=False):
+        lines.append(f"- KL({r.method}) / KL(control), geometric mean over {int(r.prompts)} prompts: "
+                     f"{_number(r.value)}")
+    agree = m[m["metric"].isin(["check_agreement", "coherence_agreement"])]
+    for prompt, g in agree.groupby("prompt", sort=False):
+        values = g.set_index("metric")["value"]
+        check, coherent = values.get("check_agreement", math.nan), values.get("coherence_agreement", math.nan)
+        flag = " — **miscalibrated** for this model, or the model does not follow the prompt" \
+            if check < 1 - MISCALIBRATED else ""
+        lines.append(f"- {prompt}: the check passes {check:.0%} of the prompted model's own held-out replies "
+                     f"(its likelihood threshold {coherent:.0%}){flag}")
+    if not lines:
+        return []
+    return ["", "Pooled over prompts (a summary, not a claim), and each check against the prompted model's own "
+            "replies:", "", *lines]
+
+
 def write_summary(run_dir: Path) -> Path:
     """RUN_DIR/summary.md from RUN_DIR/metrics.csv (the run writes it at its end; this redoes it)."""
     from experiments.core.atomic import write_text_atomic
     from experiments.core.results import read_metrics
 
     path = Path(run_dir) / SUMMARY_FILE
-    write_text_atomic(path, markdown(summary_table(read_metrics(run_dir))))
+    m = read_metrics(run_dir)
+    write_text_atomic(path, markdown(summary_table(m)) + "\n".join(pooled_lines(m)) + "\n")
     return path
 
 
