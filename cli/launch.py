@@ -45,8 +45,11 @@ def _interrupted_at_start(started: dict, multirun: bool) -> None:
 
 def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> Path:
     """Check the command line, choose the run folder, hand over to Hydra; the run folder once it is done."""
+    from cli.hydra_flags import ONE_CONFIG
     from cli.overrides import check_command_line
 
+    if any(flag.split("=", 1)[0] in ONE_CONFIG for flag in hydra_flags(overrides)):
+        return _show(name, overrides, multirun)
     try:
         exp, cfg = check_command_line(name, overrides, multirun)  # every job checked here, once
         from experiments.core.distributed import (  # imports torch: after a bad override has been said
@@ -84,6 +87,23 @@ def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> P
     sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags, *(["--multirun"] if multirun else [])]
     hydra_app.main()
     return Path(out_dir)
+
+
+def _show(name: str, overrides: list[str], multirun: bool) -> None:
+    """`icl-exp run NAME ... --cfg job` (or `--info`): Hydra prints the composed config and runs nothing, so the
+    command line is checked as far as composition checks it (keys, types; one line for a bad one) and no run
+    folder is chosen or made: the answer imports no experiment module, torch or pandas."""
+    from cli import hydra_app
+    from cli.overrides import check_command_line
+
+    try:
+        check_command_line(name, overrides, multirun, jobs=False)
+    except UserError as err:
+        fail(str(err))
+    flags = hydra_flags(overrides)
+    plain = [o for o in overrides if o not in flags]
+    sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags]
+    hydra_app.main()
 
 
 def check_writable(folder: str | os.PathLike) -> None:

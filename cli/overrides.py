@@ -33,9 +33,12 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
     return check_command_line(name, overrides, multirun)[1]
 
 
-def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple[Experiment, DictConfig]:
+def check_command_line(name: str, overrides: list[str], multirun: bool,
+                       jobs: bool = True) -> tuple[Experiment | None, DictConfig]:
     """validate(), and the experiment it ran: the command line checked, every job's config composed and
-    checked (check_job); the experiment and the last job's config (the one config of a plain run)."""
+    checked (check_job); the experiment and the last job's config (the one config of a plain run).
+    `jobs=False` (`--cfg job`, `--info`: Hydra prints, nothing runs): composition's checks alone, the keys and
+    their types, so the answer imports no experiment module (and no torch); no experiment is returned."""
     registry.check_name(name)  # the module (and torch) is imported once the command line has composed
     check_schema_registered(name)
     check_flags(name, overrides)
@@ -80,6 +83,9 @@ def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple
             configs.append(compose_config([f"experiment={name}", *combo]))
         except HydraException as err:
             raise UserError(composition_error(err, name, keys, refused_in(err))) from None
+    if not jobs:  # no registry.get: a one-file experiment's module imports torch
+        GlobalHydra.instance().clear()
+        return None, configs[-1] if configs else reference()
     exp = registry.get(name)
     if not multirun and configs:
         this_process_runs_on(configs[-1])

@@ -1,4 +1,4 @@
-"""The CLI's answers before a run (a mistyped key or experiment name, `--help`, `list`) import none of the
+"""The CLI's answers before a run (a mistyped key or experiment name, `--help`, `list`, `--cfg job`) import none of the
 heavy packages: they come in half a second (docs/benchmarks.md), and pandas alone took as long again when
 Hydra's plugin scan imported core/resume.py, which read the run folder's file names from results.py. The
 command runs in a fresh interpreter (this one has imported them all), in process there, as typer's runner
@@ -52,6 +52,8 @@ def test_a_refused_command_line_imports_nothing_heavy(args, says):
     (("--help",), "Reproduce, figure by figure"),
     (("run", "--help"), "Presets (preset=NAME)"),
     (("list",), "linreg_icl"),
+    (("run", "linreg_icl", "--cfg", "job"), "steps: 4000"),
+    (("run", "patch_match", "dtype=bfloat16", "--cfg", "job"), "dtype: bfloat16"),
 ])
 def test_help_and_list_import_nothing_heavy(args, says):
     got = answer(*args)
