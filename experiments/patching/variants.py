@@ -64,13 +64,8 @@ class Variant:
         raise NotImplementedError
 
 
-def _post_norm_block(adapter: BlockAdapter) -> bool:
-    """A block ending in m ⊙ RMSNorm(W_down h) (Gemma 3, OLMo 2): App. B's steps apply."""
-    return adapter.rule.post_norm and adapter.pre_norm_matrix is not None
-
-
 def _needs_post_norm(variant: str, adapter: BlockAdapter) -> str | None:
-    if _post_norm_block(adapter):
+    if adapter.post_norm_block:
         return None
     have = ", ".join(_families_with_post_norm())
     return (f"variant={variant} (App. B) needs a post-MLP norm, which {adapter.family} does not have "
@@ -120,7 +115,7 @@ def _shared_expert(variant: str, adapter: BlockAdapter) -> str | None:
 def _families_with_post_norm() -> list[str]:
     from experiments.patching.arch import FAMILIES
 
-    return sorted({a.family for a in FAMILIES if _post_norm_block(a)})
+    return sorted({a.family for a in FAMILIES if a.post_norm_block})
 
 
 class OpenLoop(Variant):
@@ -189,7 +184,7 @@ class ClosedLoop(Variant):
     conditioned: ClassVar[bool] = True  # a post-norm block's W_down gets its sign-target step too
 
     def open_counterpart(self, adapter):
-        return "conditioned" if self.conditioned and _post_norm_block(adapter) else "naive"
+        return "conditioned" if self.conditioned and adapter.post_norm_block else "naive"
 
     def unsupported(self, adapter):
         return (_own_inputs(self.name, adapter, IN_PASS) or _scaled_branch(self.name, adapter)
