@@ -132,7 +132,7 @@ def compare_all(cfg: PatchMatchConfig, ctx: RunContext, bundle):
     return patcher.adapter
 
 
-def stock_check(choice: StockCheck, model, variant: str = "closed_loop") -> StockCheck:
+def stock_check(choice: StockCheck, model, variant: str) -> StockCheck:
     """`auto`: none for an open loop (its patched pass is the stock forward); for a closed loop every token
     where the stock forward costs little (a small model), the first token otherwise."""
     if choice != StockCheck.auto:
