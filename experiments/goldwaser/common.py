@@ -42,9 +42,21 @@ def validate_model(cfg) -> None:
         variant = check_variant(adapter_for(config.model_type), cfg.variant)
         if hasattr(cfg, "apply"):  # patch_export has no apply=: it exports materialized weights
             check_apply(adapter_for(config.model_type), variant, cfg.apply)
-    if getattr(cfg, "image", None) and config.model_type != "gemma3":  # only patch_match takes an image
+    if getattr(cfg, "image", None) and not multimodal(config):  # only patch_match takes an image
         raise UserError(f"image=... needs a multimodal Gemma 3 (e.g. model=google/gemma-3-4b-it or "
                         f"model=tiny-gemma3-vision); {cfg.model} is text-only")
+
+
+def multimodal(config) -> bool:
+    """The model reads images: its config carries a vision tower's (Gemma 3's 4B and up, tiny-gemma3-vision).
+    Asked of the config, not of its `model_type`'s name."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def text_only(cfg, config) -> None:
+    """One line when the model is multimodal (`multimodal`): a compiled checkpoint is text-only."""
+    if multimodal(config):
+        raise UserError(f"the compiled checkpoint is text-only (e.g. Gemma3ForCausalLM); {cfg.model} is multimodal")
 
 
 def check_context_length(config, prompt_lengths: list[int], max_new_tokens: int) -> None:

@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
-if TYPE_CHECKING:  # a type only: the adapters' module is above this one
-    from experiments.patching.arch.base import BlockAdapter
+from experiments.patching.block import Block
 
 
 class StopAtMLP(Exception):
@@ -54,7 +52,7 @@ def _module(layer: nn.Module, path: str) -> nn.Module:
     return layer.get_submodule(path)
 
 
-def register_captures(adapter: BlockAdapter, layer: nn.Module, values: dict, stop_at_mlp: bool = False) -> list:
+def register_captures(adapter: Block, layer: nn.Module, values: dict, stop_at_mlp: bool = False) -> list:
     """Hooks recording the adapter's values into `values` (query position); `stop_at_mlp` aborts the
     forward once every input an input matrix reads is known (raises StopAtMLP): z, and the inputs of the
     modules beside the MLP (`input_at`), whichever the forward reaches last."""
@@ -100,7 +98,7 @@ def residual(values: dict) -> Tensor:
 
 
 @contextmanager
-def capture_context(adapter: BlockAdapter, layers: nn.ModuleList) -> Iterator[list[LayerCapture]]:
+def capture_context(adapter: Block, layers: nn.ModuleList) -> Iterator[list[LayerCapture]]:
     """Record every layer's values at the query position during a with-context forward."""
     caps = [LayerCapture() for _ in layers]
     handles = []

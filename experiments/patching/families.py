@@ -1,13 +1,16 @@
-"""The families with an adapter file, one record each: the one list a new family is added to.
+"""The families with an adapter file, one record each: the one list a new family is added to, and the one place
+a family's name, model types, theorem and tiny model are written.
 
 `arch.FAMILIES` (the adapters, in this order), the offline tiny models, the CLI's help, and docs/models.md's
 "Adapters today" table all come from FAMILY_TABLE. It is plain data beside kinds.py, not in arch/, so that
 what only names the families (`icl-exp patch export --help`, the docs generator) reads it without importing
 torch, which every adapter file does through arch/base.py.
 
-A record restates a few of its adapter's fields (name, model_types, theorem, tiny model, whether App. B's
-post-norm steps apply) for those torch-free readers; tests/patching/test_family_table.py fails when one differs from
-the adapter, which stays the truth. `block` is the docs table's one-line description of the decoder block.
+An adapter file takes what its record says of it (`said_by(module)`: family, model_types, theorem,
+tiny_model) instead of writing it again, so the two cannot drift. `post_norm` alone is a fact the adapter's
+own fields decide (its rule and the matrix before the norm: `BlockAdapter.post_norm_block`); the record states
+it for the torch-free readers, and arch/__init__.py refuses a record that says otherwise when it collects the
+adapters. `block` is the docs table's one-line description of the decoder block.
 
     python -m experiments.patching.families --markdown   # the docs table
     python -m experiments.patching.families --write      # ... written into docs/models.md between MARKERS
@@ -23,8 +26,8 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Family:
     module: str  # its adapter file: experiments/patching/arch/<module>.py, which defines ADAPTER
-    name: str  # the adapter's `family`
-    model_types: tuple[str, ...]  # the adapter's `model_types`
+    name: str  # the adapter's `family`: a short name for tables and figures
+    model_types: tuple[str, ...]  # the adapter's `model_types`: transformers `config.model_type` values it reads
     theorem: str  # the adapter's `theorem`: its Table 1 form
     tiny_model: str  # the adapter's `tiny_model`: the offline tiny random test model
     block: str  # the decoder block in a few words, for the docs table
@@ -55,6 +58,22 @@ FAMILY_TABLE: tuple[Family, ...] = (
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 MARKERS = ("<!-- families:begin (generated: python -m experiments.patching.families --write) -->",
            "<!-- families:end -->")
+
+
+def record(module: str) -> Family:
+    """The record of the adapter file arch/<module>.py."""
+    try:
+        return next(f for f in FAMILY_TABLE if f.module == module)
+    except StopIteration:
+        raise KeyError(f"no record for arch/{module}.py in FAMILY_TABLE: add one (docs/design.md, "
+                       "'Recipe: add a model family')") from None
+
+
+def said_by(module: str) -> dict:
+    """The adapter fields the record of arch/<module>.py holds, as `BlockAdapter` keywords: what its adapter
+    says of itself, written once, here."""
+    f = record(module)
+    return dict(family=f.name, model_types=f.model_types, theorem=f.theorem, tiny_model=f.tiny_model)
 
 
 def tiny_models() -> tuple[str, ...]:

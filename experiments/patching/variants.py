@@ -20,7 +20,7 @@ in open_loop.py and closed_loop.py, imported when a layer is patched.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from experiments.patching.kinds import ACTION, APPLY_MODES, CONV1D, LINEAR
 
@@ -31,11 +31,28 @@ OPEN = "open loop"
 CLOSED = "closed loop"
 
 
+class Style(NamedTuple):
+    """How a figure draws one variant's line: what tells two variants apart at a glance."""
+
+    color: str
+    marker: str
+    width: float
+
+
+DEFAULT_STYLE = Style("0.3", "d", 1.0)  # a variant the registry does not know (an old run's): drawn all the same
+
+
 class Variant:
     name: ClassVar[str]
     loop: ClassVar[str]
     source: ClassVar[str]  # where it comes from, for tables: "Alg. 1", "App. B", "construction"
     summary: ClassVar[str]  # one line for --help and the yaml comments
+    label: ClassVar[str]  # its name in a figure's legend
+    style: ClassVar[Style] = DEFAULT_STYLE
+    # what the experiments' claims ask of a variant, declared here so that none of them compares its name:
+    paper_algorithm: ClassVar[bool] = False  # Algorithm 1 as the paper writes it (its claims are the paper's)
+    conditioned: ClassVar[bool] = False  # a post-norm block's W_down gets App. B's sign-target step
+    control: ClassVar[bool] = False  # another variant's control, not a method (the closed loop at one layer)
 
     @property
     def evidence(self) -> bool:
@@ -64,13 +81,8 @@ class Variant:
         raise NotImplementedError
 
 
-def _post_norm_block(adapter: BlockAdapter) -> bool:
-    """A block ending in m ⊙ RMSNorm(W_down h) (Gemma 3, OLMo 2): App. B's steps apply."""
-    return adapter.rule.post_norm and adapter.pre_norm_matrix is not None
-
-
 def _needs_post_norm(variant: str, adapter: BlockAdapter) -> str | None:
-    if _post_norm_block(adapter):
+    if adapter.post_norm_block:
         return None
     have = ", ".join(_families_with_post_norm())
     return (f"variant={variant} (App. B) needs a post-MLP norm, which {adapter.family} does not have "
@@ -120,7 +132,7 @@ def _shared_expert(variant: str, adapter: BlockAdapter) -> str | None:
 def _families_with_post_norm() -> list[str]:
     from experiments.patching.arch import FAMILIES
 
-    return sorted({a.family for a in FAMILIES if _post_norm_block(a)})
+    return sorted({a.family for a in FAMILIES if a.post_norm_block})
 
 
 class OpenLoop(Variant):
@@ -146,6 +158,11 @@ class OpenLoop(Variant):
 class Naive(OpenLoop):
     name, source = "naive", "Alg. 1"
     summary = "Algorithm 1 (open loop): input updates and Table 1's output rule, from the with-context pass"
+    label = "naive (Alg. 1, open loop)"
+    # closed_loop_scale computes the same Thm-10 update (their gains and max |Δm| coincide): distinct markers
+    # and widths keep both visible where the lines lie on each other
+    style = Style("tab:red", "o", 2.2)
+    paper_algorithm = True
 
     def exact_open_loop(self, adapter):
         # Thm 10 divides by MLP outputs near 0 on trained weights (Gemma 3 270M: 0/480 tokens), and learned
@@ -161,6 +178,8 @@ class Naive(OpenLoop):
 class Stable(OpenLoop):
     name, source = "stable", "App. B"
     summary = "App. B (open loop): W_down from the RMSNorm inversion, then Δm for the remainder"
+    label = "stable (App. B, open loop)"
+    style = Style("tab:orange", "^", 1.2)
     sign_target: ClassVar[bool] = False
 
     def unsupported(self, adapter):
@@ -176,7 +195,10 @@ class Stable(OpenLoop):
 class Conditioned(Stable):
     name, source = "conditioned", "App. B, conditioned"
     summary = "open loop: W_down to C·sign(d_C), so Eq. 4's Δm divides by ±1, not by MLP outputs near 0"
+    label = "conditioned (open loop)"
+    style = Style("tab:blue", "v", 1.2)
     sign_target = True
+    conditioned = True
 
     def exact_open_loop(self, adapter):
         return self.unsupported(adapter) is None and not adapter.absolute_positions
@@ -186,10 +208,12 @@ class ClosedLoop(Variant):
     name, loop, source = "closed_loop", CLOSED, "construction"
     summary = ("construction: each layer solved, inside the patched pass, for the with-context output itself "
                "(a post-norm block's W_down conditioned as above)")
-    conditioned: ClassVar[bool] = True  # a post-norm block's W_down gets its sign-target step too
+    label = "closed loop, W_down conditioned (construction)"
+    style = Style("tab:green", "s", 1.2)
+    conditioned = True  # a post-norm block's W_down gets its sign-target step too
 
     def open_counterpart(self, adapter):
-        return "conditioned" if self.conditioned and _post_norm_block(adapter) else "naive"
+        return "conditioned" if self.conditioned and adapter.post_norm_block else "naive"
 
     def unsupported(self, adapter):
         return (_own_inputs(self.name, adapter, IN_PASS) or _scaled_branch(self.name, adapter)
@@ -205,6 +229,8 @@ class ClosedLoop(Variant):
 class ClosedLoopScale(ClosedLoop):
     name = "closed_loop_scale"
     summary = "construction: the closed loop with Thm 10 alone (no W_down step; post-norm blocks only)"
+    label = "closed loop, Thm 10 alone (construction)"
+    style = Style("tab:purple", "x", 1.0)
     conditioned = False
 
     def unsupported(self, adapter):
@@ -224,6 +250,9 @@ class ClosedLoopLastLayer(ClosedLoop):
 
     name = "closed_loop_last"
     summary = "the closed loop's control: the last layer alone solved in the pass, every other layer unpatched"
+    label = "closed loop at the last layer alone (control)"
+    style = Style("tab:brown", "+", 1.0)
+    control = True
 
     def patches_layer(self, index, n_layers):
         return index == n_layers - 1
@@ -232,6 +261,22 @@ class ClosedLoopLastLayer(ClosedLoop):
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Naive(), Stable(), Conditioned(), ClosedLoop(), ClosedLoopScale(), ClosedLoopLastLayer())}
 EXPORT_PREFERENCE = ("conditioned", "naive")  # open loops, best conditioned first; else the closed loop
+
+
+def label(name: str) -> str:
+    """A variant's legend entry; an unknown one (an old run's) is named as it is, never dropped."""
+    return VARIANTS[name].label if name in VARIANTS else name
+
+
+def style(name: str) -> Style:
+    """A variant's line style; an unknown one gets DEFAULT_STYLE."""
+    return VARIANTS[name].style if name in VARIANTS else DEFAULT_STYLE
+
+
+def in_registry_order(names) -> list[str]:
+    """`names` (a run's variants) in the registry's order, the ones it does not know after them as they came."""
+    names = list(dict.fromkeys(names))
+    return [n for n in VARIANTS if n in names] + [n for n in names if n not in VARIANTS]
 
 
 def variant_for(name: str) -> Variant:

@@ -302,6 +302,7 @@ from dataclasses import replace
 
 from experiments.patching.arch import llama
 from experiments.patching.arch.base import tiny_common
+from experiments.patching.families import said_by
 
 
 def tiny_config(vocab_size: int):
@@ -312,8 +313,7 @@ def tiny_config(vocab_size: int):
                          num_key_value_heads=2, max_position_embeddings=4096, **tiny_common(vocab_size))
 
 
-ADAPTER = replace(llama.ADAPTER, model_types=("smollm3",), family="SmolLM3", tiny_model="tiny-smollm3",
-                  tiny_config=tiny_config)
+ADAPTER = replace(llama.ADAPTER, **said_by("smollm3"), tiny_config=tiny_config)
 '''
 FAMILY_RECORD = '''\
     Family("smollm3", "SmolLM3", ("smollm3",), "Thm 7 + Thm 9 (outer weight)", "tiny-smollm3",

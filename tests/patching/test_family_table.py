@@ -1,6 +1,8 @@
-"""patching/families.py is the one list of families: each record agrees with its adapter file, every adapter
-file has a record, and what lists the families (docs/models.md's table, the export help, a sweep's model=) is
-made from it, so that adding a family edits its adapter file and its record only."""
+"""patching/families.py is the one list of families and the one place each family's name, model types, theorem
+and tiny model are written: each adapter file takes them from its record (none writes them again), every
+adapter file has a record, the post-norm flag agrees with the adapter's own fields, and what lists the
+families (docs/models.md's table, the export help, a sweep's model=) is made from it, so that adding a family
+edits its adapter file and its record only."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import pytest
 from experiments.patching import families
 from experiments.patching.arch import FAMILIES
 from experiments.patching.families import FAMILY_TABLE, MARKERS, Family, documented, markdown, tiny_models
-from experiments.patching.variants import _post_norm_block
 from tests.helpers.repo import REPO_ROOT
 
 ARCH = REPO_ROOT / "experiments" / "patching" / "arch"
@@ -26,7 +27,7 @@ def disagreements(record: Family) -> list[str]:
     """The fields `record` restates that its adapter file says otherwise."""
     adapter = import_module(f"experiments.patching.arch.{record.module}").ADAPTER
     said = {"name": adapter.family, "model_types": adapter.model_types, "theorem": adapter.theorem,
-            "tiny_model": adapter.tiny_model, "post_norm": _post_norm_block(adapter)}
+            "tiny_model": adapter.tiny_model, "post_norm": adapter.post_norm_block}
     return [f"{record.module}: {k} is {v!r} in the adapter, {getattr(record, k)!r} in the table"
             for k, v in said.items() if getattr(record, k) != v]
 
@@ -41,6 +42,24 @@ def test_a_record_that_differs_from_its_adapter_is_named():
     assert disagreements(wrong) == [
         "gemma3: model_types is ('gemma3_text', 'gemma3') in the adapter, ('gemma3_text',) in the table",
         "gemma3: post_norm is True in the adapter, False in the table"]
+
+
+def test_no_adapter_file_writes_what_its_record_holds():
+    """An adapter file names its record (`said_by`) instead of writing family, model_types, theorem or tiny_model
+    again: a second copy could drift from the first."""
+    files = [p for p in ARCH.glob("*.py") if re.search(r"^ADAPTER = ", p.read_text(), re.M)]
+    assert files
+    restated = [f"{p.name}: {m.group(0)}" for p in files
+                for m in re.finditer(r"\b(family|model_types|theorem|tiny_model)=[\"(]", p.read_text())]
+    assert restated == []
+    assert all(f'said_by("{p.stem}")' in p.read_text() for p in files)
+
+
+def test_a_record_whose_post_norm_flag_is_wrong_is_refused_on_import():
+    from experiments.patching.arch import _collect
+
+    with pytest.raises(ImportError, match="gemma3's record says post_norm=False"):
+        _collect(replace(FAMILY_TABLE[0], post_norm=False))
 
 
 def test_every_adapter_file_has_a_record():

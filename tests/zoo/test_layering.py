@@ -41,15 +41,19 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
     return {module_name(p, root): p for p in sorted((root / "experiments").rglob("*.py"))}
 
 
-def imports(path: Path, name: str, known: set[str]) -> dict[str, bool]:
+def imports(path: Path, name: str, known: set[str], type_only: bool = False) -> dict[str, bool]:
     """The experiments.* modules `path` imports anywhere in its body (`from pkg import mod` names mod),
-    each with True when one of its imports runs at import time (outside any function)."""
+    each with True when one of its imports runs at import time (outside any function); with `type_only`, the
+    imports under `if TYPE_CHECKING:` too (as inside a function: they never run)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: dict[str, bool] = {}
 
     def visit(node: ast.AST, in_function: bool) -> None:
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            return  # imports for type hints only never run: not a dependency
+            if type_only:  # a type hint names the module all the same: a dependency of the design
+                for child in node.body:
+                    visit(child, True)
+            return  # imports for type hints only never run: not a dependency at run time
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -70,11 +74,11 @@ def imports(path: Path, name: str, known: set[str]) -> dict[str, bool]:
     return found
 
 
-def import_graph(root: Path = ROOT) -> dict[str, dict[str, bool]]:
-    """importer -> {imported: at import time?} over every module under experiments/."""
+def import_graph(root: Path = ROOT, type_only: bool = False) -> dict[str, dict[str, bool]]:
+    """importer -> {imported: at import time?} over every module under experiments/ (`type_only`: `imports`)."""
     mods = modules(root)
     known = set(mods)
-    graph = {name: imports(path, name, known) for name, path in mods.items()}
+    graph = {name: imports(path, name, known, type_only) for name, path in mods.items()}
     for name, targets in graph.items():
         targets.pop(name, None)
     return graph
@@ -82,6 +86,23 @@ def import_graph(root: Path = ROOT) -> dict[str, dict[str, bool]]:
 
 def graph(root: Path = ROOT) -> dict[str, set[str]]:
     return {name: set(targets) for name, targets in import_graph(root).items()}
+
+
+def package_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Every dependency one module has on another: its imports anywhere, type-only ones included, and the
+    package `__init__`s an import from outside a package runs first (importing patching.arch.base from
+    capture.py runs patching/arch/__init__.py). A cycle here is a circle in the design even where Python
+    happens to import it (a type hint, a lazy import), and what a new import at module level would break."""
+    edges = {name: set(targets) for name, targets in import_graph(root, type_only=True).items()}
+    for importer, targets in edges.items():
+        for target in list(targets):
+            parts = target.split(".")
+            for i in range(2, len(parts)):
+                package = ".".join(parts[:i])
+                if package in edges and not (importer + ".").startswith(package + "."):
+                    targets.add(package)
+        targets.discard(importer)
+    return edges
 
 
 def upward_imports(edges: dict[str, dict[str, bool]]) -> list[str]:
@@ -153,6 +174,28 @@ def test_zoo_and_patching_import_nothing_above_them():
 def test_no_import_cycle_among_experiments_modules():
     found = cycles(graph())
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_cycle_in_the_package_graph():
+    """Type hints and lazy imports count, and so does the package a module sits in: patching/'s capture hooks
+    and rules once named the adapters' class for a type hint, a circle of ten modules (patching/block.py)."""
+    found = cycles(package_graph())
+    assert not found, "import cycles, type-only imports and packages included:\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_a_type_only_circle_is_found(fake_tree):
+    """The control: the circle patching/ had, through a type hint and a package's __init__.py."""
+    root = fake_tree({
+        "patching/capture.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from experiments.patching.arch.base import BlockAdapter\n",
+        "patching/arch/base.py": "from experiments.patching.rules import OutputRule\n",
+        "patching/rules/__init__.py": "from experiments.patching.rules.base import OutputRule\n",
+        "patching/rules/base.py": "from experiments.patching.capture import last_position\n",
+    })
+    assert cycles(graph(root)) == []  # what Python runs: no cycle
+    assert cycles(package_graph(root)) == [["experiments.patching.arch.base", "experiments.patching.capture",
+                                            "experiments.patching.rules", "experiments.patching.rules.base"]]
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from experiments.goldwaser.schema import ContextCompileConfig
 def validate(cfg: ContextCompileConfig) -> None:
     """Everything checkable before a run folder exists: the model, its architecture, k against its rank."""
     from experiments.core.runtime import resolve_device, resolve_dtype
-    from experiments.goldwaser.common import check_stop_at_eos, prompt_list
+    from experiments.goldwaser.common import check_stop_at_eos, prompt_list, text_only
     from experiments.goldwaser.context_compile.measure import sweep_ks
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import check_fixed_patch, rank_limit
@@ -47,8 +47,7 @@ def validate(cfg: ContextCompileConfig) -> None:
     check_stop_at_eos(cfg)
     prompt_list(cfg)
     config = check_model(cfg.model, resolve_dtype(cfg.dtype), resolve_device(cfg.device))
-    if config.model_type == "gemma3":
-        raise UserError(f"the compiled checkpoint is text-only (e.g. Gemma3ForCausalLM); {cfg.model} is multimodal")
+    text_only(cfg, config)
     adapter = adapter_for(config.model_type)  # one line naming the supported ones
     check_fixed_patch(adapter)
     limit = rank_limit(config, adapter)

@@ -24,6 +24,7 @@ import pandas as pd
 
 from experiments.patching.compare import rounding_bar
 from experiments.patching.rules import RULES, SCALE, OutputRule
+from experiments.patching.variants import VARIANTS, Variant, in_registry_order
 
 REF = "Goldwaser Alg. 1"
 REF_APPB = "Goldwaser App. B / Thm 10"
@@ -87,18 +88,18 @@ def _per_token(m: pd.DataFrame, dtype: str, variant: str, f) -> list[float]:
     return [v for v in (f(e) for e in tokens) if not math.isnan(v)]
 
 
-def median_growth(m: pd.DataFrame, dtype: str, variant: str = "naive") -> float:
+def median_growth(m: pd.DataFrame, dtype: str, variant: str) -> float:
     """The median over tokens of `growth_per_layer`; NaN when a token is broken (`broken_token`)."""
     values = _per_token(m, dtype, variant, growth_per_layer)
     return float(np.median(values)) if values else float("nan")
 
 
-def median_beyond_accumulation(m: pd.DataFrame, dtype: str, variant: str = "naive") -> float:
+def median_beyond_accumulation(m: pd.DataFrame, dtype: str, variant: str) -> float:
     values = _per_token(m, dtype, variant, growth_beyond_accumulation)
     return float(np.median(values)) if values else float("nan")
 
 
-def worst_error(m: pd.DataFrame, dtype: str, variant: str = "naive", layer: int | None = None) -> float:
+def worst_error(m: pd.DataFrame, dtype: str, variant: str, layer: int | None = None) -> float:
     """The largest per-layer relative error over tokens (at `layer` only, where given); NaN when any is not a
     number, so a token that went NaN fails a bound instead of being skipped by max()."""
     rows = _rows(m, "hidden_rel", dtype, variant)
@@ -151,114 +152,136 @@ def patch_distance(m: pd.DataFrame, dtype: str, variant: str) -> float:
     return float(rows.groupby(["prompt", "token"])["value"].max().median()) if len(rows) else float("nan")
 
 
+def algorithm1(v: Variant) -> bool:
+    """The open loop as the paper writes it (Algorithm 1): what the paper's claims are about."""
+    return v.paper_algorithm
+
+
+def conditioned_closed_loop(v: Variant) -> bool:
+    """The closed loop with a post-norm block's W_down conditioned: the construction whose patches and
+    sensitivity are measured."""
+    return not v.evidence and not v.control and v.conditioned
+
+
+def closed_loop_thm10_alone(v: Variant) -> bool:
+    """The closed loop with Thm 10 alone (no W_down step): the control that shows what conditioning buys."""
+    return not v.evidence and not v.control and not v.conditioned
+
+
+def declared(variants, role) -> list[str]:
+    """The run's variants that play `role` (a predicate on the registry's declarations), in registry order: the
+    claims ask what a variant is, never what it is called. A variant the registry does not know plays none."""
+    return [name for name in in_registry_order(variants) if name in VARIANTS and role(VARIANTS[name])]
+
+
 def check_claims(ctx, m: pd.DataFrame, tag: str = "") -> None:
     """Every claim the measurements support; `tag` (`_action` for apply=action) follows the open loop's
-    variant in its claims' ids, so that a sweep over apply= keeps them apart."""
+    variant in its claims' ids, so that a sweep over apply= keeps them apart. Which claims a variant gets is
+    what it declares (patching/variants.py); its name is only written into the claims' ids."""
     dtypes = [d for d in ("float32", "float64") if d in set(m["dtype"])]
-    variants = set(m["variant"])
+    variants = m["variant"].dropna()
     where = f"{m['model'].iloc[0]}" if "model" in m and len(m) else ""
     n_layers = int(m["layer"].max()) + 1 if "layer" in m and m["layer"].notna().any() else 0
-    for dtype in dtypes:
-        if "closed_loop" in variants:
-            _closed_loop_claims(ctx, m, dtype, where)
-    dtype = dtypes[-1]  # the gains agree across dtypes; the most precise one measures them best
-    if "closed_loop" in variants:
-        ctx.check(f"goldwaser.construction.closed_loop_{dtype}_layers_amplify_as_original", f"{CONSTRUCTION}, App. B",
+    for closed in declared(variants, conditioned_closed_loop):
+        for dtype in dtypes:
+            _closed_loop_claims(ctx, m, dtype, where, closed)
+        dtype = dtypes[-1]  # the gains agree across dtypes; the most precise one measures them best
+        ctx.check(f"goldwaser.construction.{closed}_{dtype}_layers_amplify_as_original", f"{CONSTRUCTION}, App. B",
                   f"the conditioned closed loop's patched layers amplify an input change like the original ones: "
                   f"the worst layer's |log10| of the median gain ratio, same x and δ ({where}, {dtype})",
-                  worst_layer_gain(m, dtype, "closed_loop"), "<=", AMPLIFY)
-    for dtype in dtypes:
-        if "closed_loop_scale" in variants:
-            ctx.check(f"goldwaser.construction.closed_loop_scale_{dtype}_one_ulp_control", f"{CONSTRUCTION}, Thm 10",
+                  worst_layer_gain(m, dtype, closed), "<=", AMPLIFY)
+    for alone in declared(variants, closed_loop_thm10_alone):
+        for dtype in dtypes:
+            ctx.check(f"goldwaser.construction.{alone}_{dtype}_one_ulp_control", f"{CONSTRUCTION}, Thm 10",
                       f"the control: Thm 10 alone (divides by near-zero MLP outputs) makes the patched model more "
                       f"sensitive; log10 of its median one-ulp sensitivity ratio to the unpatched model's "
-                      f"({where}, {dtype})", sensitivity_ratio(m, dtype, "closed_loop_scale"), ">=",
-                      SENSITIVITY_DECADES)
-    if "naive" in variants:
+                      f"({where}, {dtype})", sensitivity_ratio(m, dtype, alone), ">=", SENSITIVITY_DECADES)
+    for naive in declared(variants, algorithm1):
         rule = RULES[str(m["rule"].dropna().iloc[0])] if "rule" in m and m["rule"].notna().any() else SCALE
-        _open_loop_claims(ctx, m, dtypes, where, n_layers, tag)
+        _open_loop_claims(ctx, m, dtypes, where, n_layers, naive, tag)
         if rule.post_norm:
-            _scale_rule_amplifies(ctx, m, dtypes, where, n_layers, tag)
+            _scale_rule_amplifies(ctx, m, dtypes, where, n_layers, naive, tag)
         else:
-            _matrix_rule_does_not(ctx, m, dtypes, where, rule, tag)
+            _matrix_rule_does_not(ctx, m, dtypes, where, rule, naive, tag)
 
 
-def _closed_loop_claims(ctx, m, dtype: str, where: str) -> None:
-    ctx.check(f"goldwaser.construction.closed_loop_{dtype}_every_layer", CONSTRUCTION,
+def _closed_loop_claims(ctx, m, dtype: str, where: str, closed: str) -> None:
+    ctx.check(f"goldwaser.construction.{closed}_{dtype}_every_layer", CONSTRUCTION,
               f"closed loop: max relative error of every layer's output against the independent record of the "
               f"with-context pass, over every layer and token ({where}, {dtype})",
-              _rows(m, "hidden_rel", dtype, "closed_loop")["value"].max(), "<=", EXACT[dtype])
-    ctx.check(f"goldwaser.construction.closed_loop_{dtype}_every_layer_control", CONSTRUCTION + " (control)",
+              _rows(m, "hidden_rel", dtype, closed)["value"].max(), "<=", EXACT[dtype])
+    ctx.check(f"goldwaser.construction.{closed}_{dtype}_every_layer_control", CONSTRUCTION + " (control)",
               f"the control: the unpatched model without the context is far from the same record; log10 of its "
               f"median per-layer distance over the closed loop's largest ({where}, {dtype})",
-              record_control_ratio(m, dtype, "closed_loop"), ">=", CONTROL_DECADES,
+              record_control_ratio(m, dtype, closed), ">=", CONTROL_DECADES,
               measure="log10(control / closed loop)")
-    if len(_rows(m, "patch_rel_to_open_loop", dtype, "closed_loop")):
-        ctx.check(f"goldwaser.construction.closed_loop_{dtype}_patches_near_open_loop", CONSTRUCTION,
+    if len(_rows(m, "patch_rel_to_open_loop", dtype, closed)):
+        ctx.check(f"goldwaser.construction.{closed}_{dtype}_patches_near_open_loop", CONSTRUCTION,
                   f"the closed loop's patches are its open-loop counterpart's up to the rounding it feeds back: "
                   f"median over tokens of the largest per-layer ‖ΔW_closed − ΔW_open‖ / ‖ΔW_open‖ ({where}, "
-                  f"{dtype})", patch_distance(m, dtype, "closed_loop"), "<=", PATCH_NEAR[dtype])
-    ctx.check(f"goldwaser.construction.closed_loop_{dtype}_one_ulp_sensitivity", f"{CONSTRUCTION}, App. B",
+                  f"{dtype})", patch_distance(m, dtype, closed), "<=", PATCH_NEAR[dtype])
+    ctx.check(f"goldwaser.construction.{closed}_{dtype}_one_ulp_sensitivity", f"{CONSTRUCTION}, App. B",
               f"closed loop with W_down conditioned: log10 of the median ratio of the patched model's one-ulp "
               f"sensitivity (relative logit change) to the unpatched model's ({where}, {dtype})",
-              sensitivity_ratio(m, dtype, "closed_loop"), "<=", SENSITIVITY_DECADES)
+              sensitivity_ratio(m, dtype, closed), "<=", SENSITIVITY_DECADES)
 
 
-def _open_loop_claims(ctx, m, dtypes: list[str], where: str, n_layers: int, tag: str = "") -> None:
+def _open_loop_claims(ctx, m, dtypes: list[str], where: str, n_layers: int, naive: str, tag: str = "") -> None:
     if "float32" in dtypes:
-        top1 = 100.0 * _rows(m, "top1_match", "float32", "naive")["value"].mean()
-        ctx.check(f"goldwaser.alg1.naive{tag}_float32_top1_match", "Goldwaser §4.2 Fig 3",
+        top1 = 100.0 * _rows(m, "top1_match", "float32", naive)["value"].mean()
+        ctx.check(f"goldwaser.alg1.{naive}{tag}_float32_top1_match", "Goldwaser §4.2 Fig 3",
                   f"Algorithm 1 (open loop) in float32 almost exact: the patched model's top-1 token agrees with "
                   f"the with-context model's, % of tokens (the paper: Gemma 3 1B) ({where})", top1, ">=", 100.0,
                   paper_value=100.0)
     if "float64" in dtypes and n_layers > 1:
         budget = (ALMOST_EXACT / FLOAT32_UNIT_ROUNDOFF) ** (1.0 / (n_layers - 1))
-        ctx.check(f"goldwaser.alg1.naive{tag}_float64_growth_within_float32_budget", REF,
+        ctx.check(f"goldwaser.alg1.{naive}{tag}_float64_growth_within_float32_budget", REF,
                   f"what the paper's float32 exactness implies: the open loop's per-layer error growth (float64, "
                   f"geometric mean before saturation, median over tokens) at most the factor that keeps float32 "
                   f"rounding under 1 % after all {n_layers} layers ({where})",
-                  median_growth(m, "float64"), "<=", budget)
+                  median_growth(m, "float64", naive), "<=", budget)
 
 
-def _scale_rule_amplifies(ctx, m, dtypes: list[str], where: str, n_layers: int, tag: str = "") -> None:
+def _scale_rule_amplifies(ctx, m, dtypes: list[str], where: str, n_layers: int, naive: str, tag: str = "") -> None:
     """Thm 10's Δm = r ⊘ h divides by MLP outputs near 0: the open loop's error is amplified layer to layer,
     from rounding level at the first layer (nothing before it to amplify)."""
     if "float64" in dtypes:
-        ctx.check(f"goldwaser.alg1.naive{tag}_float64_first_layer_at_rounding", REF + ", Thm 10",
+        ctx.check(f"goldwaser.alg1.{naive}{tag}_float64_first_layer_at_rounding", REF + ", Thm 10",
                   f"in float64 the open loop's first layer is at float64's rounding level (the error the later layers "
                   f"amplify starts there): max relative error of layer 0's output against the record over tokens "
-                  f"({where})", worst_error(m, "float64", layer=0), "<=", rounding_bar("float64"))
+                  f"({where})", worst_error(m, "float64", naive, layer=0), "<=", rounding_bar("float64"))
     if "float64" in dtypes and n_layers > 1:
         # in float64 and float32 alike (the smaller of the two): the amplification is the algorithm's, not
         # float32 rounding's, and a bug common to both dtypes that leaves it flat fails
-        beyond = {d: median_beyond_accumulation(m, d) for d in dtypes}
-        ctx.check(f"goldwaser.alg1.naive{tag}_amplifies_beyond_accumulation", REF + ", Thm 10",
+        beyond = {d: median_beyond_accumulation(m, d, naive) for d in dtypes}
+        ctx.check(f"goldwaser.alg1.{naive}{tag}_amplifies_beyond_accumulation", REF + ", Thm 10",
                   f"the open loop's error is amplified, not just accumulated, in {' and '.join(dtypes)} alike: decades "
                   f"by which it grows beyond the sum of every layer's own rounding before saturation, log10(e_k / "
                   f"((k + 1) e_0)), median over tokens, the smaller over dtypes; a token off at layer 0 or not a "
                   f"number fails it ({where})", float(np.min(list(beyond.values()))), ">=", AMPLIFIED,
                   measure="log10(e_k / ((k+1) e_0))")
     dtype = dtypes[-1]  # the gains agree across dtypes; the most precise one measures them best
-    ctx.check(f"goldwaser.alg1.naive{tag}_{dtype}_patched_layers_amplify", REF + ", Thm 10",
+    ctx.check(f"goldwaser.alg1.{naive}{tag}_{dtype}_patched_layers_amplify", REF + ", Thm 10",
               f"the open loop's patched layers amplify an input change more than the original layers: the worst "
               f"layer's log10 of the median gain ratio, same x and δ ({where}, {dtype})",
-              largest_layer_gain(m, dtype, "naive"), ">=", AMPLIFY)
+              largest_layer_gain(m, dtype, naive), ">=", AMPLIFY)
 
 
-def _matrix_rule_does_not(ctx, m, dtypes: list[str], where: str, rule: OutputRule, tag: str = "") -> None:
+def _matrix_rule_does_not(ctx, m, dtypes: list[str], where: str, rule: OutputRule, naive: str,
+                          tag: str = "") -> None:
     """Thm 9 (or a bias, Thm 8) divides by no MLP output: the open loop's error stays at rounding level."""
     for dtype in dtypes:
-        ctx.check(f"goldwaser.alg1.naive{tag}_{dtype}_every_layer_at_rounding", f"{REF}, {rule}",
+        ctx.check(f"goldwaser.alg1.{naive}{tag}_{dtype}_every_layer_at_rounding", f"{REF}, {rule}",
                   f"the open loop's every layer at {dtype}'s rounding level: max relative error of every layer's "
                   f"output against the record, over layers and tokens; a token not a number fails it ({where})",
-                  worst_error(m, dtype), "<=", rounding_bar(dtype))
+                  worst_error(m, dtype, naive), "<=", rounding_bar(dtype))
     if "float64" in dtypes:
-        ctx.check(f"goldwaser.alg1.naive{tag}_float64_not_amplified", f"{REF}, {rule}",
+        ctx.check(f"goldwaser.alg1.{naive}{tag}_float64_not_amplified", f"{REF}, {rule}",
                   f"in float64 the open loop's error is not amplified: decades by which it grows beyond the sum of "
                   f"every layer's own rounding, log10(e_k / ((k + 1) e_0)), median over tokens ({where})",
-                  median_beyond_accumulation(m, "float64"), "<=", AMPLIFIED, measure="log10(e_k / ((k+1) e_0))")
+                  median_beyond_accumulation(m, "float64", naive), "<=", AMPLIFIED, measure="log10(e_k / ((k+1) e_0))")
     dtype = dtypes[-1]
-    ctx.check(f"goldwaser.alg1.naive{tag}_{dtype}_layers_amplify_as_original", f"{REF}, {rule}",
+    ctx.check(f"goldwaser.alg1.{naive}{tag}_{dtype}_layers_amplify_as_original", f"{REF}, {rule}",
               f"the open loop's patched layers amplify an input change like the original ones: the worst layer's "
               f"|log10| of the median gain ratio, same x and δ ({where}, {dtype})",
-              worst_layer_gain(m, dtype, "naive"), "<=", AMPLIFY)
+              worst_layer_gain(m, dtype, naive), "<=", AMPLIFY)

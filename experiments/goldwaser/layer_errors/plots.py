@@ -11,18 +11,12 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from experiments.core.plotting import new_figure, save_figure
+from experiments.patching.variants import Style, in_registry_order, label, style
 
-COLORS = {"naive": "tab:red", "stable": "tab:orange", "conditioned": "tab:blue", "closed_loop_scale": "tab:purple",
-          "closed_loop": "tab:green", "control": "0.55"}
-LABELS = {"naive": "naive (Alg. 1, open loop)", "stable": "stable (App. B, open loop)",
-          "conditioned": "conditioned (open loop)", "closed_loop_scale": "closed loop, Thm 10 alone (construction)",
-          "closed_loop": "closed loop, W_down conditioned (construction)",
-          "control": "control: unpatched, no context"}
+# each variant's colour, marker, width and legend entry are its own (patching/variants.py: `style`, `label`); a
+# variant the registry does not know is drawn in the default style under its own name, never dropped
+CONTROL = ("control: unpatched, no context", Style("0.55", "", 1.0))  # the unpatched model: no variant
 STYLE = {"float32": "--", "float64": "-"}
-# naive and closed_loop_scale compute the same Thm-10 update (their gains and max |Δm| coincide): distinct
-# markers and widths keep both visible where the lines lie on each other
-MARKERS = {"naive": ("o", 2.2), "stable": ("^", 1.2), "conditioned": ("v", 1.2), "closed_loop_scale": ("x", 1.0),
-           "closed_loop": ("s", 1.2), "control": ("", 1.0)}
 FLOOR = 1e-20  # exact zeros on a log axis
 
 
@@ -30,10 +24,10 @@ def _by_layer(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.groupby("layer")["value"].agg(["median", "min", "max"]).reset_index()
 
 
-def _band(ax, rows: pd.DataFrame, variant: str, ls: str, label: str) -> None:
+def _band(ax, rows: pd.DataFrame, look: Style, ls: str, label: str) -> None:
     s = _by_layer(rows)
     x = s["layer"].to_numpy()
-    color, (marker, lw) = COLORS[variant], MARKERS[variant]
+    color, marker, lw = look
     ax.semilogy(x, np.maximum(s["median"].to_numpy(), FLOOR), ls, color=color, marker=marker, ms=3.5, lw=lw,
                 label=label)
     ax.fill_between(x, np.maximum(s["min"].to_numpy(), FLOOR), np.maximum(s["max"].to_numpy(), FLOOR),
@@ -52,17 +46,17 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     if m.empty or "hidden_rel" not in set(m["metric"]):
         return []
     dtypes = [d for d in ("float32", "float64") if d in set(m["dtype"])]
-    variants = [v for v in COLORS if v in set(m["variant"])]
+    variants = in_registry_order(m["variant"].dropna())
     control = m[m["metric"] == "control_hidden_rel"]
     fig, axes = new_figure(len(dtypes) + 2, 1, width=3.5, height=3.2)
     axes = axes[0]
     err = m[m["metric"] == "hidden_rel"]
     for ax, dtype in zip(axes, dtypes, strict=False):
         for v in variants:
-            _band(ax, err[(err["dtype"] == dtype) & (err["variant"] == v)], v, STYLE[dtype], LABELS[v])
+            _band(ax, err[(err["dtype"] == dtype) & (err["variant"] == v)], style(v), STYLE[dtype], label(v))
         ctrl = control[(control["dtype"] == dtype) & (control["variant"] == variants[0])] if variants else control
         if not ctrl.empty:  # the same unpatched pass for every variant: drawn once
-            _band(ax, ctrl, "control", STYLE[dtype], LABELS["control"])
+            _band(ax, ctrl, CONTROL[1], STYLE[dtype], CONTROL[0])
         ax.axhline(np.finfo(np.dtype(dtype)).eps, color="0.5", ls=":", lw=1, label=f"{dtype} machine ε")
         ax.axhline(1.0, color="0.3", lw=0.8)
         ax.set_title(f"{dtype}: each layer's output against the\nindependent record of the with-context pass")
@@ -75,7 +69,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
         for dtype in dtypes:
             rows = ratio[(ratio["dtype"] == dtype) & (ratio["variant"] == v)]
             if not rows.empty:
-                _band(ax, rows, v, STYLE[dtype], f"{v}, {dtype}")
+                _band(ax, rows, style(v), STYLE[dtype], f"{v}, {dtype}")
     ax.axhline(1.0, color="0.3", lw=0.8)
     ax.set_title("gain of the patched layer / original layer\n(same x, same random δ)")
     ax.set_xlabel("layer")
@@ -84,7 +78,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     ax = axes[len(dtypes) + 1]
     dm = m[(m["metric"] == "dm_linf") & (m["dtype"] == dtypes[-1])]
     for v in variants:
-        _band(ax, dm[dm["variant"] == v], v, STYLE[dtypes[-1]], LABELS[v])
+        _band(ax, dm[dm["variant"] == v], style(v), STYLE[dtypes[-1]], label(v))
     ax.set_title(f"largest entry of the output update, {dtypes[-1]}")
     ax.set_xlabel("layer")
     ax.set_ylabel("max |Δ| of the output parameter (Δm)")

@@ -31,12 +31,19 @@ from experiments.core.errors import UserError
 from experiments.core.progress import progress
 from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
-from experiments.goldwaser.layer_errors.claims import check_claims
+from experiments.goldwaser.layer_errors.claims import (
+    algorithm1,
+    check_claims,
+    closed_loop_thm10_alone,
+    conditioned_closed_loop,
+)
 from experiments.goldwaser.schema import LayerErrorsConfig
 from experiments.patching.kinds import ACTION, MATERIALIZED
 from experiments.patching.variants import VARIANTS
 
-DEFAULT_VARIANTS = ("naive", "closed_loop_scale", "closed_loop")  # variants=null: those the block takes
+# variants=null: those the block takes of the ones the claims are about (claims.py: each role, as declared)
+DEFAULT_VARIANTS = tuple(name for role in (algorithm1, closed_loop_thm10_alone, conditioned_closed_loop)
+                         for name, v in VARIANTS.items() if role(v))
 
 
 # -- config --------------------------------------------------------------------------------------

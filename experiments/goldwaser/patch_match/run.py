@@ -82,13 +82,15 @@ def run(cfg: PatchMatchConfig, ctx: RunContext) -> None:
     ctx.model = model_label(cfg.model)
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     with threads_for(bundle.model):
-        compare_all(cfg, ctx, bundle)
-    check_claims(ctx, ctx.metrics(), ctx.dtype, cfg.variant, cfg.control, cfg.model, cfg.apply, cfg.advance)
+        adapter = compare_all(cfg, ctx, bundle)
+    check_claims(ctx, ctx.metrics(), ctx.dtype, cfg.variant, cfg.control, cfg.model, cfg.apply, cfg.advance,
+                 routed=adapter.rule.routed_experts)
     flag_random_weights(ctx, cfg.model)
 
 
-def compare_all(cfg: PatchMatchConfig, ctx: RunContext, bundle) -> None:
-    """Every prompt: generate with the context and compare with the patched model at every token."""
+def compare_all(cfg: PatchMatchConfig, ctx: RunContext, bundle):
+    """Every prompt: generate with the context and compare with the patched model at every token. Returns the
+    adapter that patched it: what its claims ask of the block (an MoE's routing) is its rule's to say."""
     import torch
 
     from experiments.core.samples import token_sample
@@ -127,9 +129,10 @@ def compare_all(cfg: PatchMatchConfig, ctx: RunContext, bundle) -> None:
                 matches += st.token_id == st.patched_token_id
                 bar.advance(1, info=f"prompt {p + 1}/{len(encoded)}: top-1 match {matches}/{steps}")
             bar.advance(cfg.max_new_tokens - steps)  # a reply that stopped early
+    return patcher.adapter
 
 
-def stock_check(choice: StockCheck, model, variant: str = "closed_loop") -> StockCheck:
+def stock_check(choice: StockCheck, model, variant: str) -> StockCheck:
     """`auto`: none for an open loop (its patched pass is the stock forward); for a closed loop every token
     where the stock forward costs little (a small model), the first token otherwise."""
     if choice != StockCheck.auto:

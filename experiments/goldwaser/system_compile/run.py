@@ -101,7 +101,7 @@ def check_lora_targets(config, targets: list[str], model: str) -> None:
 def validate(cfg: SystemCompileConfig) -> None:
     """Everything checkable before a run folder exists and before any model is loaded."""
     from experiments.core.runtime import resolve_device, resolve_dtype
-    from experiments.goldwaser.common import check_context_length, check_stop_at_eos
+    from experiments.goldwaser.common import check_context_length, check_stop_at_eos, text_only
     from experiments.goldwaser.system_compile.budgets import check_budgets
     from experiments.goldwaser.system_compile.inputs import check_not_default, check_template, encode, split
     from experiments.patching.arch import adapter_for
@@ -134,8 +134,7 @@ def validate(cfg: SystemCompileConfig) -> None:
                         "[gate_proj,up_proj,down_proj]")
     config = check_model(cfg.model, resolve_dtype(cfg.dtype),
                          resolve_device(cfg.device))
-    if config.model_type == "gemma3":
-        raise UserError(f"the compiled checkpoint is text-only (e.g. Gemma3ForCausalLM); {cfg.model} is multimodal")
+    text_only(cfg, config)
     adapter = adapter_for(config.model_type)  # one line naming the supported ones
     if "analytic" in methods:
         check_fixed_patch(adapter)

@@ -1,9 +1,11 @@
 """One adapter per architecture, keyed on transformers' `config.model_type`.
 
-Adding an architecture: its adapter file here (a `BlockAdapter` naming its Table 1 rule and carrying its
-tiny test config; for a block Llama's adapter already describes, `dataclasses.replace` of it, as qwen3.py)
-and its record in patching/families.py's FAMILY_TABLE, which FAMILIES is read from. The offline tiny model,
-the parametrized tests over TINY_MODELS, `model_type` lookup, the CLI's help and the docs table follow.
+Adding an architecture: its record in patching/families.py's FAMILY_TABLE (its name, model types, theorem and
+tiny model, written there alone), and its adapter file here (a `BlockAdapter` of its record's fields,
+`said_by(module)`, naming its Table 1 rule and carrying its tiny test config; for a block Llama's adapter
+already describes, `dataclasses.replace` of it, as qwen3.py). FAMILIES is read from the table. The offline
+tiny model, the parametrized tests over TINY_MODELS, `model_type` lookup, the CLI's help and the docs table
+follow.
 Every adapter is checked against the stock decoder layer when a model is loaded (check.py): a block it
 misdescribes is refused in one line saying what differed.
 
@@ -17,10 +19,22 @@ from importlib import import_module
 
 from experiments.core.errors import UserError
 from experiments.patching.arch.base import BlockAdapter
-from experiments.patching.families import FAMILY_TABLE
+from experiments.patching.families import FAMILY_TABLE, Family
 
-# each record's adapter file, in the table's order (tests/patching/test_family_table.py: the records agree with them)
-FAMILIES: tuple[BlockAdapter, ...] = tuple(import_module(f"{__name__}.{f.module}").ADAPTER for f in FAMILY_TABLE)
+
+def _collect(record: Family) -> BlockAdapter:
+    """The adapter of arch/<record.module>.py. It takes its name, model types, theorem and tiny model from its
+    record (`families.said_by`); whether it is post-norm its own fields decide, and a record that says otherwise
+    is refused here, at import, before any help text or sweep repeats it."""
+    adapter = import_module(f"{__name__}.{record.module}").ADAPTER
+    if adapter.post_norm_block != record.post_norm:
+        raise ImportError(f"patching/families.py: {record.module}'s record says post_norm={record.post_norm}, its "
+                          f"adapter's rule and pre_norm_matrix say {adapter.post_norm_block}")
+    return adapter
+
+
+# each record's adapter file, in the table's order
+FAMILIES: tuple[BlockAdapter, ...] = tuple(_collect(f) for f in FAMILY_TABLE)
 ADAPTERS: dict[str, BlockAdapter] = {t: adapter for adapter in FAMILIES for t in adapter.model_types}
 # model_type -> the forms its module tree allows (structure.py), most likely first, for a family without an
 # adapter file; on trial until the loaded model's check picks one (then the list holds that one alone)

@@ -96,6 +96,12 @@ class BlockAdapter:
         return layer.get_submodule(self.output_param.rsplit(".", 1)[0])
 
     @property
+    def post_norm_block(self) -> bool:
+        """A block ending in m ⊙ RMSNorm(W_down h) (Gemma 3, OLMo 2): App. B's steps apply (patching/variants.py),
+        and its record in patching/families.py says `post_norm=True`."""
+        return self.rule.post_norm and self.pre_norm_matrix is not None
+
+    @property
     def rule(self) -> OutputRule:
         """The output rule the engine runs: `output_rule`, wrapped so that it moves the branch by r / α where
         the block scales its branch by α (`branch_scale`)."""

@@ -10,6 +10,7 @@ patches W_down, so that Thm 10 divides by ±1 instead of by MLP outputs near 0 (
 """
 
 from experiments.patching.arch.base import LINEAR, BlockAdapter
+from experiments.patching.families import said_by
 from experiments.patching.rules import SCALE
 
 
@@ -28,8 +29,7 @@ def tiny_config(vocab_size: int):
 
 
 ADAPTER = BlockAdapter(
-    model_types=("gemma3_text", "gemma3"),
-    family="Gemma 3",
+    **said_by("gemma3"),  # family, model_types, theorem, tiny_model: its record in patching/families.py
     # Gemma3ForCausalLM.model is the text model; Gemma3ForConditionalGeneration.model.language_model
     decoder=lambda model: getattr(model.model, "language_model", model.model),
     layers_attr="layers",
@@ -40,7 +40,5 @@ ADAPTER = BlockAdapter(
     captures={"d": ("post_feedforward_layernorm", "input"), "h": ("mlp.down_proj", "input")},
     pre_norm_matrix="mlp.down_proj.weight",
     scale_offset=1.0,  # Gemma3RMSNorm scales by 1 + weight
-    theorem="Thm 7 + Thm 10 (post-norm scale)",
-    tiny_model="tiny-gemma3",  # built by zoo/gemma.py (its processor and vision variant live there)
-    tiny_config=tiny_config,
+    tiny_config=tiny_config,  # tiny-gemma3 is built by zoo/gemma.py (its processor and vision variant live there)
 )

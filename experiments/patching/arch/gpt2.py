@@ -7,6 +7,7 @@ update is applied transposed (layout CONV1D). c_proj's bias absorbs r (Thm 8).
 """
 
 from experiments.patching.arch.base import CONV1D, BlockAdapter, tiny_common
+from experiments.patching.families import said_by
 from experiments.patching.rules import OUTER_BIAS
 
 
@@ -18,16 +19,13 @@ def tiny_config(vocab_size: int):
 
 
 ADAPTER = BlockAdapter(
-    model_types=("gpt2",),
-    family="GPT-2",
+    **said_by("gpt2"),  # family, model_types, theorem, tiny_model: its record in patching/families.py
     decoder=lambda model: model.transformer,
     layers_attr="h",
     input_matrices={"mlp.c_fc.weight": CONV1D},
     output_rule=OUTER_BIAS,
     output_param="mlp.c_proj.bias",
     residual_at="ln_2",
-    theorem="Thm 7 + Thm 8 (outer bias)",
     absolute_positions=True,  # wpe: the query alone is at position 0, not after its context
-    tiny_model="tiny-gpt2",
     tiny_config=tiny_config,
 )

@@ -10,6 +10,7 @@ work. Both are checked against the stock layer when loaded (check.py; tests/patc
 """
 
 from experiments.patching.arch.base import LINEAR, BlockAdapter, tiny_common
+from experiments.patching.families import said_by
 from experiments.patching.rules import OUTER_BIAS
 
 
@@ -22,15 +23,12 @@ def tiny_config(vocab_size: int):
 
 
 ADAPTER = BlockAdapter(
-    model_types=("gpt_neox",),
-    family="GPT-NeoX",
+    **said_by("gpt_neox"),  # family, model_types, theorem, tiny_model: its record in patching/families.py
     decoder=lambda model: model.gpt_neox,
     layers_attr="layers",
     input_matrices={"mlp.dense_h_to_4h.weight": LINEAR},
     output_rule=OUTER_BIAS,
     output_param="mlp.dense_4h_to_h.bias",
     attention="attention",
-    theorem="Thm 12 (parallel block) + Thm 8 (outer bias)",
-    tiny_model="tiny-gpt-neox",
     tiny_config=tiny_config,
 )

@@ -8,6 +8,7 @@ When the patched pass's own input differs from the target (closed loop) fc_in ge
 """
 
 from experiments.patching.arch.base import LINEAR, BlockAdapter, tiny_common
+from experiments.patching.families import said_by
 from experiments.patching.rules import OUTER_BIAS
 
 
@@ -19,15 +20,12 @@ def tiny_config(vocab_size: int):
 
 
 ADAPTER = BlockAdapter(
-    model_types=("gptj",),
-    family="GPT-J",
+    **said_by("gptj"),  # family, model_types, theorem, tiny_model: its record in patching/families.py
     decoder=lambda model: model.transformer,
     layers_attr="h",
     input_matrices={"mlp.fc_in.weight": LINEAR},
     output_rule=OUTER_BIAS,
     output_param="mlp.fc_out.bias",
     attention="attn",
-    theorem="Thm 12 (parallel block) + Thm 8 (outer bias)",
-    tiny_model="tiny-gptj",
     tiny_config=tiny_config,
 )

@@ -7,6 +7,7 @@ App. B's stable update does not apply.
 """
 
 from experiments.patching.arch.base import LINEAR, BlockAdapter, tiny_common
+from experiments.patching.families import said_by
 from experiments.patching.rules import OUTER_WEIGHT
 
 
@@ -19,8 +20,7 @@ def tiny_config(vocab_size: int):
 
 
 ADAPTER = BlockAdapter(
-    model_types=("llama", "mistral", "qwen2"),
-    family="Llama",
+    **said_by("llama"),  # family, model_types, theorem, tiny_model: its record in patching/families.py
     decoder=lambda model: model.model,
     layers_attr="layers",
     input_matrices={"mlp.gate_proj.weight": LINEAR, "mlp.up_proj.weight": LINEAR},
@@ -28,7 +28,5 @@ ADAPTER = BlockAdapter(
     output_param="mlp.down_proj.weight",
     residual_at="post_attention_layernorm",
     captures={"y": ("mlp.down_proj", "input")},
-    theorem="Thm 7 + Thm 9 (outer weight)",
-    tiny_model="tiny-llama",
     tiny_config=tiny_config,
 )

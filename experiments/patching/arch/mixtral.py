@@ -10,6 +10,7 @@ r / S by a rank-1 update (S = Σ g_j = 1 after Mixtral's renormalization).
 """
 
 from experiments.patching.arch.base import EXPERTS, LINEAR, BlockAdapter, tiny_common
+from experiments.patching.families import said_by
 from experiments.patching.rules import MOE
 
 
@@ -23,8 +24,7 @@ def tiny_config(vocab_size: int):
 
 
 ADAPTER = BlockAdapter(
-    model_types=("mixtral",),
-    family="Mixtral",
+    **said_by("mixtral"),  # family, model_types, theorem, tiny_model: its record in patching/families.py
     decoder=lambda model: model.model,
     layers_attr="layers",
     input_matrices={"mlp.gate.weight": LINEAR, "mlp.experts.gate_up_proj": EXPERTS},
@@ -32,8 +32,6 @@ ADAPTER = BlockAdapter(
     output_param="mlp.experts.down_proj",
     residual_at="post_attention_layernorm",
     captures={"router": ("mlp.gate", "output")},
-    theorem="Thm 7 (router too) + Thm 11 (MoE)",
-    tiny_model="tiny-mixtral",
     tiny_config=tiny_config,
     # one expert at a time (MixtralExperts' own loop): the MoE rule computes each active expert's hidden
     # state the same way, and the grouped-GEMM kernel has no float64

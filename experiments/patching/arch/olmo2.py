@@ -11,6 +11,7 @@ App. B's open-loop variants (stable, conditioned: app_b.py) apply as on Gemma 3,
 """
 
 from experiments.patching.arch.base import LINEAR, BlockAdapter, tiny_common
+from experiments.patching.families import said_by
 from experiments.patching.rules import SCALE
 
 
@@ -23,8 +24,7 @@ def tiny_config(vocab_size: int):
 
 
 ADAPTER = BlockAdapter(
-    model_types=("olmo2",),
-    family="OLMo 2",
+    **said_by("olmo2"),  # family, model_types, theorem, tiny_model: its record in patching/families.py
     decoder=lambda model: model.model,
     layers_attr="layers",
     input_matrices={"mlp.gate_proj.weight": LINEAR, "mlp.up_proj.weight": LINEAR},
@@ -33,7 +33,5 @@ ADAPTER = BlockAdapter(
     residual_at="mlp",  # no pre-MLP norm: the MLP's input is v itself
     captures={"d": ("post_feedforward_layernorm", "input"), "h": ("mlp.down_proj", "input")},
     pre_norm_matrix="mlp.down_proj.weight",
-    theorem="Thm 7 + Thm 10 (post-norm scale, no pre-MLP norm)",
-    tiny_model="tiny-olmo2",
     tiny_config=tiny_config,
 )

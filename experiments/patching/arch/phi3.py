@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from experiments.patching.arch import llama
 from experiments.patching.arch.base import LINEAR, tiny_common
+from experiments.patching.families import said_by
 
 
 def tiny_config(vocab_size: int):
@@ -23,7 +24,6 @@ def tiny_config(vocab_size: int):
 
 
 # Llama's adapter with the fused input matrix: everything else (W_down, the residual, the capture) is Llama's
-ADAPTER = replace(llama.ADAPTER, model_types=("phi3",), family="Phi-3",
-                  input_matrices={"mlp.gate_up_proj.weight": LINEAR},
-                  theorem="Thm 7 (fused gate/up) + Thm 9 (outer weight)", tiny_model="tiny-phi3",
+# (its record in patching/families.py says family, model_types, theorem, tiny_model)
+ADAPTER = replace(llama.ADAPTER, **said_by("phi3"), input_matrices={"mlp.gate_up_proj.weight": LINEAR},
                   tiny_config=tiny_config)

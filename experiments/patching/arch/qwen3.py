@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from experiments.patching.arch import llama
 from experiments.patching.arch.base import tiny_common
+from experiments.patching.families import said_by
 
 
 def tiny_config(vocab_size: int):
@@ -21,5 +22,5 @@ def tiny_config(vocab_size: int):
                        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, **tiny_common(vocab_size))
 
 
-ADAPTER = replace(llama.ADAPTER, model_types=("qwen3",), family="Qwen 3", tiny_model="tiny-qwen3",
-                  tiny_config=tiny_config)
+# Llama's adapter under Qwen 3's record (patching/families.py: family, model_types, theorem, tiny_model)
+ADAPTER = replace(llama.ADAPTER, **said_by("qwen3"), tiny_config=tiny_config)

@@ -15,15 +15,13 @@ new row of Table 1 is one file here plus one line in the registry (rules/__init_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from experiments.patching.block import Block
 from experiments.patching.capture import first_output, last_position
-
-if TYPE_CHECKING:
-    from experiments.patching.arch.base import BlockAdapter
 
 
 @dataclass
@@ -73,18 +71,18 @@ class OutputRule:
 
     __str__ = __repr__
 
-    def open_loop(self, adapter: BlockAdapter, layer: nn.Module, r: Tensor, values: dict, P: Tensor, out: Tensor,
+    def open_loop(self, adapter: Block, layer: nn.Module, r: Tensor, values: dict, P: Tensor, out: Tensor,
                   cdt: torch.dtype, stats: LayerPatchStats) -> None:
         """Write into `out` the parameter P moved so that the outer output moves by r (read: `values`)."""
         raise NotImplementedError
 
-    def closed_loop(self, adapter: BlockAdapter, module: nn.Module, P: Tensor, out: Tensor, args: tuple,
+    def closed_loop(self, adapter: Block, module: nn.Module, P: Tensor, out: Tensor, args: tuple,
                     kwargs: dict, target_minus_v: Tensor, cdt: torch.dtype, stats: LayerPatchStats) -> None:
         """Write into `out` (the tensor `module` reads in place of P) the parameter that makes the layer
         output v′ + g = T(C, x), from `module`'s input in this pass (`args`, `kwargs`)."""
         raise NotImplementedError
 
-    def fit_positions(self, adapter: BlockAdapter, module: nn.Module, P: Tensor, args: tuple, kwargs: dict,
+    def fit_positions(self, adapter: Block, module: nn.Module, P: Tensor, args: tuple, kwargs: dict,
                       R: Tensor) -> tuple[Tensor, Tensor]:
         """The fixed patch's output side: (Δ for P, float64; what Δ moves the module's output by at each
         row), least squares against R (k, d), the residual each of the k positions needs, from `module`'s
