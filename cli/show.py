@@ -95,9 +95,9 @@ def show(
     from rich.console import Console
 
     from cli.output import fail
-    from experiments.core.samples import SAMPLES_FILE, read_samples
+    from experiments.core.samples import SAMPLES_FILE, read_samples, samples_path
 
-    path = run_dir / SAMPLES_FILE
+    path = samples_path(run_dir)
     if not run_dir.is_dir():
         fail(f"{run_dir}: no such folder (give a run folder, e.g. results/patch_match/STAMP)")
     if not path.is_file():

@@ -32,7 +32,7 @@ MANIFEST = "README.md"
 # what a committed run keeps (tests/core/test_committed_results.py holds results/ to it and to the size budget)
 COMMITTED_SUFFIXES = (".csv", ".csv.gz", ".json", ".jsonl", ".jsonl.gz", ".yaml", ".md", ".log", ".png")
 SIZE_BUDGET_BYTES = 25 * 1024 * 1024
-GZIP_ABOVE_BYTES = 256 * 1024  # a metrics table larger than this is kept gzipped
+GZIP_ABOVE_BYTES = 64 * 1024  # a metrics table or samples file larger than this is kept gzipped
 
 
 @dataclass(frozen=True)
@@ -225,16 +225,19 @@ def committed_files(run_dir: Path) -> list[Path]:
 
 
 def compact(run_dir: Path, threshold: int = GZIP_ABOVE_BYTES) -> list[Path]:
-    """A metrics.csv above `threshold` bytes replaced by metrics.csv.gz (the same table: readers take either),
-    in a run folder or in every job of a sweep folder; returns the files written. mtime 0 in the gzip header,
-    so compacting the same table twice gives the same bytes."""
+    """A metrics.csv or samples.jsonl above `threshold` bytes replaced by its gzipped copy (the same table:
+    readers take either), in a run folder or in every job of a sweep folder; returns the files written. mtime 0
+    in the gzip header, so compacting the same table twice gives the same bytes."""
     import gzip
 
+    from experiments.core.samples import SAMPLES_FILE
+
     written = []
-    for table in Path(run_dir).rglob(METRICS_FILE):
+    tables = [*Path(run_dir).rglob(METRICS_FILE), *Path(run_dir).rglob(SAMPLES_FILE)]
+    for table in tables:
         if FIGURES_DIR in table.parts or table.stat().st_size <= threshold:
             continue
-        target = table.with_name(METRICS_FILE + GZIP_SUFFIX)
+        target = table.with_name(table.name + GZIP_SUFFIX)
         data = table.read_bytes()
 
         def write(tmp: Path, data: bytes = data) -> None:

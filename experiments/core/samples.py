@@ -59,8 +59,22 @@ def write_samples(path: Path, samples: list[dict]) -> None:
     write_text_atomic(path, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
 
 
+def samples_path(run_dir: Path) -> Path:
+    """The run's samples.jsonl, or its gzipped copy (a committed run keeps a large one gzipped)."""
+    plain = Path(run_dir) / SAMPLES_FILE
+    zipped = plain.with_name(SAMPLES_FILE + ".gz")
+    return zipped if zipped.is_file() and not plain.is_file() else plain
+
+
 def read_samples(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    path = Path(path)
+    if path.suffix == ".gz":
+        import gzip
+
+        text = gzip.decompress(path.read_bytes()).decode()
+    else:
+        text = path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def reply_sample(context_text: str, patched_text: str, control_text: str | None, **index: Any) -> dict:
