@@ -147,13 +147,12 @@ def _papers_of(names: tuple[str, ...]) -> tuple[str, ...]:
     """The paper packages whose schema.py holds the schemas of `names`: each experiment's own paper; every
     paper when none is named, or for a name with no experiment module (check_schema_registered then says
     that it has no schema, as for any experiment without one)."""
-    from experiments.core import registry
-    from experiments.core.papers import PAPER_PACKAGES
+    from experiments.core.papers import PAPER_PACKAGES, experiment_module
 
-    try:
-        return tuple(dict.fromkeys(map(registry.paper_package, names))) if names else PAPER_PACKAGES
-    except RuntimeError:  # registry._module_name: conf/experiment/<name>.yaml without a module
+    modules = [experiment_module(name) for name in names]
+    if not modules or None in modules:
         return PAPER_PACKAGES
+    return tuple(dict.fromkeys(module.split(".")[1] for module in modules))
 
 
 def typed(cfg):
