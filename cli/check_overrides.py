@@ -22,7 +22,8 @@ def check_schema_registered(name: str) -> None:
     from hydra.core.config_store import ConfigStore
 
     register_schemas(name)
-    if f"{name}.yaml" not in ConfigStore.instance().list(GROUP):
+    store = ConfigStore.instance()
+    if GROUP not in store.repo or f"{name}.yaml" not in store.list(GROUP):  # the group: none stored yet
         raise UserError(f"experiment {name} has no schema: add its dataclass (its keys, types and defaults) to "
                         f"experiments/<paper>/schema.py and the class to SCHEMAS = experiment_schemas(...) there "
                         f"(its name says the experiment's: {_camel(name)} for {name}), as every other experiment does")

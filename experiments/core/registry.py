@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments.core.errors import UserError
-from experiments.core.papers import PAPER_PACKAGES
+from experiments.core.papers import PAPER_PACKAGES, experiment_module
 
 if TYPE_CHECKING:  # pandas and omegaconf cost 0.7 s to import: `icl-exp --help` needs neither
     import pandas as pd
@@ -120,10 +120,9 @@ def get(name: str) -> Experiment:
 
 
 def _module_name(name: str) -> str:
-    for package in PAPER_PACKAGES:
-        candidate = f"experiments.{package}.{name}"
-        if importlib.util.find_spec(f"experiments.{package}") and importlib.util.find_spec(candidate):
-            return candidate
+    module = experiment_module(name)
+    if module is not None:
+        return module
     raise RuntimeError(f"conf/experiment/{name}.yaml has no module experiments/<paper>/{name}.py "
                        f"or package experiments/<paper>/{name}/__init__.py "
                        f"(papers: {', '.join(PAPER_PACKAGES)})")

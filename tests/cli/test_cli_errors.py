@@ -50,6 +50,19 @@ def test_first_hour_bad_input(icl_inprocess, tmp_path, args, fragments):
     assert not (tmp_path / "run").exists()
 
 
+def test_an_experiment_without_a_schema_is_one_line(icl_inprocess, monkeypatch):
+    """conf/experiment/<name>.yaml and no schema (nor module): a developer's error, one line, also when the
+    ConfigStore holds no schema yet (a command line stores its own experiment's alone)."""
+    from hydra.core.config_store import ConfigStore
+
+    from experiments.core import registry
+
+    monkeypatch.setattr(registry, "experiment_names", lambda: ["no_schema_yet"])
+    monkeypatch.setattr(ConfigStore.instance(), "repo", {})
+    proc = icl_inprocess("run", "no_schema_yet")
+    assert_one_line_error(proc, "experiment no_schema_yet has no schema", "NoSchemaYet for no_schema_yet")
+
+
 def test_cfg_with_a_sweep_is_one_line(icl_inprocess, tmp_path):
     """`--cfg job` prints one job's config; with -m Hydra raised a ValueError traceback."""
     proc = icl_inprocess("run", "linreg_icl", "-m", "seed=0,1", "--cfg", "job", f"hydra.sweep.dir={tmp_path / 'run'}")
