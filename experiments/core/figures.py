@@ -109,7 +109,7 @@ def _from_here(path: Path) -> Path:
 def _plot(exp: registry.Experiment, metrics: pd.DataFrame, figures_dir: Path, run_dirs: list[Path]) -> list[Path]:
     """exp.plot, with a run written by an older layout (a column its figures read is missing) said in one line
     that names the commit that wrote it."""
-    if not exp.draws_figures:
+    if not getattr(exp, "draws_figures", True):
         raise UserError(f"{exp.name} draws no figures ({exp.figures.strip('()')}): nothing to plot")
     try:
         return exp.plot(metrics, figures_dir)
@@ -123,7 +123,7 @@ def _plot(exp: registry.Experiment, metrics: pd.DataFrame, figures_dir: Path, ru
 
 def render_run(run_dir: Path, exp: registry.Experiment | None = None) -> list[Path]:
     exp = exp or registry.get(experiment_of(run_dir))
-    if not exp.draws_figures:  # the runner draws every run's figures: such a run has none, and that is no error
+    if not getattr(exp, "draws_figures", True):  # the runner draws every run's figures: none here, no error
         return []
     metrics = read_metrics(run_dir)
     with figure_caption(figure_title(exp, metrics, [_record(run_dir)]), source=source_of([metrics_path(run_dir)])):
@@ -236,7 +236,7 @@ def render(path: Path) -> list[Path]:
         raise no_such_folder(path, "give a run folder, or a sweep's folder to combine its jobs")
     if is_run_dir(path):
         exp = registry.get(experiment_of(path))
-        if not exp.draws_figures:
+        if not getattr(exp, "draws_figures", True):
             raise UserError(f"{exp.name} draws no figures ({exp.figures.strip('()')}): nothing to plot in {path}")
         if run_state(path) != "complete":
             return _render_incomplete_run(path)

@@ -32,6 +32,11 @@ MANIFEST = "README.md"
 # what a committed run keeps (tests/core/test_committed_results.py holds results/ to it and to the size budget)
 COMMITTED_SUFFIXES = (".csv", ".csv.gz", ".json", ".jsonl", ".jsonl.gz", ".yaml", ".md", ".log", ".png")
 SIZE_BUDGET_BYTES = 25 * 1024 * 1024
+# a saved transformers checkpoint's own files (a run that keeps its patched model beside its tables:
+# context_compile, patch_export): weights, config and tokenizer are the checkpoint, not a result
+CHECKPOINT_FILES = frozenset({"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                              "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "vocab.json",
+                              "merges.txt", "tokenizer.model", "model.safetensors.index.json"})
 GZIP_ABOVE_BYTES = 64 * 1024  # a metrics table or samples file larger than this is kept gzipped
 
 
@@ -96,7 +101,7 @@ def draw_units(units: list[Unit]) -> dict[str, Path]:
     A unit that cannot be drawn stops everything with one line naming it (nothing is copied yet)."""
     drawn: dict[str, Path] = {}
     for unit in units:
-        if not registry.get(unit.experiment).draws_figures:
+        if not getattr(registry.get(unit.experiment), "draws_figures", True):
             continue
         states = [run_state(r) for r in unit.runs]
         if not unit.sweep and states[0] != "complete":
@@ -219,7 +224,8 @@ def committed_files(run_dir: Path) -> list[Path]:
 
     def kept(path: Path) -> bool:
         parts = path.relative_to(run_dir).parts
-        return path.is_file() and FIGURES_DIR not in parts and path.name.endswith(COMMITTED_SUFFIXES)
+        return (path.is_file() and FIGURES_DIR not in parts and path.name.endswith(COMMITTED_SUFFIXES)
+                and path.name not in CHECKPOINT_FILES)
 
     return sorted(p for p in run_dir.rglob("*") if kept(p))
 

@@ -148,7 +148,7 @@ def render_papers_page(items: list[dict], root: Path, units: list[Unit], figures
                 if name in figures:
                     thumb = f'<a href="figures/{name}"><img src="figures/{name}" width="140"></a>'
             verdict = f"**{judged.verdict}**"
-            if judged.verdict == "differs" and item.get("reason"):
+            if item.get("reason") and judged.verdict in ("differs", "drawn, not judged"):
                 verdict += f": {item['reason'].strip()}"
             elif judged.verdict == "not run here":
                 verdict += _what_it_needs(item)
