@@ -90,9 +90,10 @@ def test_the_table_and_the_export_help_need_no_torch():
     assert tiny.stdout.strip() == ",".join(tiny_models())  # what patch_match.yaml's sweep example runs
 
 
-# Records, not lists to keep current: what a past run ran (report-generated results, measured benchmarks
-# and the Table 1 sweep as it was run). The family table names every tiny model itself.
-RECORDS = {"docs/results.md", "docs/benchmarks.md", "docs/goldwaser.md", "experiments/patching/families.py"}
+# Records, not lists to keep current: what a past run ran (report-generated results, the papers page drawn from
+# results/, measured benchmarks and the Table 1 sweep as it was run). The family table names every tiny model itself.
+RECORDS = {"docs/results.md", "docs/papers.md", "docs/benchmarks.md", "docs/goldwaser.md",
+           "experiments/patching/families.py"}
 
 
 def hand_lists(root: Path, names: tuple[str, ...]) -> list[str]:
