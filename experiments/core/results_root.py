@@ -6,8 +6,9 @@ figure the docs show, drawn from it alone (`icl-exp plot results/`).
                                       a user's own keep their time stamps
     results/README.md                 the manifest, generated: every run, its command, commit, machine, wall time
 
-What the repository keeps of a run is its tables and records (COMMITTED_FILES), never weights or figures;
-a large metrics.csv is kept gzipped (results.GZIP_SUFFIX), which every reader takes.
+What the repository keeps of a run is its tables and records (COMMITTED_SUFFIXES), never weights, figures or a
+checkpoint's files (CHECKPOINT_FILES); a large metrics.csv or samples.jsonl is kept gzipped (compact), which
+every reader takes.
 """
 
 from __future__ import annotations
