@@ -43,18 +43,28 @@ def _number(value: float, spec: str) -> str:
     return text.replace("e-0", "e-").replace("e+0", "e")
 
 
-def _claim_values(runs: list[Path], claim: str) -> list[float]:
+def _table(path: Path, read, tables: dict | None) -> pd.DataFrame:
+    """read(path), once per fill: a page quotes the same run's tables dozens of times."""
+    if tables is None:
+        return read(path)
+    if path not in tables:
+        tables[path] = read(path)
+    return tables[path]
+
+
+def _claim_values(runs: list[Path], claim: str, tables: dict | None) -> list[float]:
     values = []
     for run in runs:
         if (run / CLAIMS_FILE).is_file():
-            frame = pd.read_csv(run / CLAIMS_FILE)
+            frame = _table(run / CLAIMS_FILE, pd.read_csv, tables)
             hit = frame[[fnmatch.fnmatchcase(str(i), claim) for i in frame["id"]]]
             values += [float(v) for v in hit["measured"]]
     return values
 
 
-def quote(results: Path, unit: str, what: str, spec: str | None = None) -> str:
-    """The text a marker stands for: a UserError naming the marker when results/ cannot give it."""
+def quote(results: Path, unit: str, what: str, spec: str | None = None, tables: dict | None = None) -> str:
+    """The text a marker stands for: a UserError naming the marker when results/ cannot give it. `tables`: the
+    tables read so far (fill shares one across its markers)."""
     from experiments.core.results_root import _wall
 
     folder = Path(results) / unit
@@ -63,7 +73,7 @@ def quote(results: Path, unit: str, what: str, spec: str | None = None) -> str:
         raise UserError(f"quoted number {unit} {what}: results/{unit} is no committed run")
     spec = spec or ".3g"
     if what == "claims":
-        frames = [pd.read_csv(r / CLAIMS_FILE) for r in runs if (r / CLAIMS_FILE).is_file()]
+        frames = [_table(r / CLAIMS_FILE, pd.read_csv, tables) for r in runs if (r / CLAIMS_FILE).is_file()]
         passed = sum(int(f["passed"].astype(str).str.lower().eq("true").sum()) for f in frames)
         return f"{passed}/{sum(len(f) for f in frames)}"
     if what == "wall":
@@ -72,7 +82,7 @@ def quote(results: Path, unit: str, what: str, spec: str | None = None) -> str:
         return _wall(sum(float(json.loads((r / "run.json").read_text()).get("wall_time_s") or 0) for r in runs))
     if what.startswith("metric:"):
         _, name, agg, *filters = what.split(":")
-        frame = pd.concat([read_metrics(r) for r in runs], ignore_index=True)
+        frame = pd.concat([_table(r, read_metrics, tables) for r in runs], ignore_index=True)
         rows = frame[frame["metric"] == name]
         for f in filters:
             key, value = f.split("=", 1)
@@ -80,17 +90,18 @@ def quote(results: Path, unit: str, what: str, spec: str | None = None) -> str:
         if rows.empty:
             raise UserError(f"quoted number {unit} {what}: no such rows in its metrics")
         return _number(float(getattr(rows["value"].astype(float), agg)()), spec)
-    values = _claim_values(runs, what)
+    values = _claim_values(runs, what, tables)
     if not values:
         raise UserError(f"quoted number {unit} {what}: no such claim in its claims.csv")
     lo, hi = _number(min(values), spec), _number(max(values), spec)
     return lo if lo == hi else f"{lo}–{hi}"
 
 
-def fill(text: str, results: Path) -> str:
-    """`text` with every marker's number read again from results/."""
+def fill(text: str, results: Path, tables: dict | None = None) -> str:
+    """`text` with every marker's number read again from results/ (each table read once: `tables`)."""
+    tables = {} if tables is None else tables
     return MARK.sub(lambda m: m.group(0).replace(
-        f"-->{m.group('text')}<!--", f"-->{quote(results, m['unit'], m['what'], m['spec'])}<!--", 1), text)
+        f"-->{m.group('text')}<!--", f"-->{quote(results, m['unit'], m['what'], m['spec'], tables)}<!--", 1), text)
 
 
 def pages(repo: Path) -> list[Path]:
@@ -104,9 +115,9 @@ def refreshed(repo: Path, results: Path, extra: dict[Path, str] | None = None) -
     cannot answer stops it first."""
     texts = {page: page.read_text() for page in pages(repo)}
     texts.update(extra or {})
-    out = {}
+    out, tables = {}, {}
     for page, text in texts.items():
-        new = fill(text, results) if MARK.search(text) else text
+        new = fill(text, results, tables) if MARK.search(text) else text
         if new != (page.read_text() if page.is_file() else None):
             out[page] = new
     return out
