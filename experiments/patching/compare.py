@@ -11,14 +11,19 @@ so a float64 run is judged by float64's bar and a float32 step slipped into it f
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-# max |Δ| / max |reference| that counts as rounding: float64 ~1e-16 a step, with room for a few thousand steps and
-# the conditioning of a trained model; float32 and bfloat16 at their rounding level through a deep model
-ROUNDING = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-3}
-# a closed loop's per-layer error against the record (each layer solved for it: rounding of one layer)
-LAYER_EXACT = {"float64": 1e-10, "float32": 1e-4, "bfloat16": 5e-2}
+# max |Δ| / max |reference| that counts as rounding. float64: 1e-11 is 10^5 unit roundoffs (1.1e-16), room for
+# depth and a block that amplifies (a random tiny Gemma 3 reaches 1e-12, trained Qwen2.5 7e-15) while one float32
+# step anywhere (its roundoff 6e-8, diluted to ~1e-9 by the layers after it) fails by 100x or more; float32 and
+# bfloat16 at their rounding level through a deep model
+ROUNDING = {"float64": 1e-11, "float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-3}
+# one layer's output against the with-context pass's (the open loop's per-layer evidence, and a closed loop's, each
+# layer solved for it); bfloat16 wider than its logit bar: a hidden state's largest entries round coarser
+LAYER_EXACT = {"float64": 1e-11, "float32": 1e-4, "bfloat16": 5e-2}
 # a closed loop's last-layer control at least this many decades further from the record (bfloat16's own rounding,
 # 4e-3 a step, leaves two decades below an O(1) control)
 RECORD_DECADES = {"float64": 3.0, "float32": 3.0, "bfloat16": 1.0}
@@ -49,13 +54,20 @@ def logit_comparison(reference: Tensor, other: Tensor) -> dict[str, float]:
     """L∞ of the logit difference (absolute, and relative to max |reference|), the total variation
     distance ½‖p − q‖₁ of the two softmax distributions, and whether the top-1 tokens agree (float64)."""
     a, b = reference.double(), other.double()
-    linf = float((a - b).abs().max())
+    linf = float((a - b).abs().max())  # NaN anywhere: NaN (torch's max propagates it), and so is every entry
+    nan = math.isnan(linf)
     return {
         "logit_linf": linf,
         "logit_linf_rel": linf / max(float(a.abs().max()), 1e-300),
         "tvd": 0.5 * float((a.softmax(-1) - b.softmax(-1)).abs().sum()),
-        "top1_match": float(int(a.argmax()) == int(b.argmax())),
+        "top1_match": math.nan if nan else float(int(a.argmax()) == int(b.argmax())),  # argmax would pick a NaN
     }
+
+
+def relative_error(reference: Tensor, other: Tensor) -> float:
+    """max |other − reference| / max |reference| in float64; NaN anywhere: NaN."""
+    ref = reference.double()
+    return float((other.double() - ref).abs().max()) / max(float(ref.abs().max()), 1e-300)
 
 
 def top2_margin(logits: Tensor) -> float:

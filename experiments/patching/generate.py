@@ -19,6 +19,7 @@ generation plus a few matrices.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from torch import Tensor
 from experiments.patching.kinds import ADVANCE_CONTEXT, ADVANCE_MODES, ADVANCE_PATCHED
 from experiments.patching.patcher import PatchedPass, Patcher
 from experiments.patching.variants import CLOSED, VARIANTS, ClosedLoopLastLayer
+from experiments.patching.witness import Reference, Witness, WitnessPass
 
 
 @dataclass
@@ -46,7 +48,9 @@ class Step:
     control_ms: float = 0.0
     stock: Tensor | None = None  # the patched weights' stock forward (Patcher.stock_logits), where checked
     last_layer: PatchedPass | None = None  # a closed loop's control: the closed loop at the last layer alone
-    uncached: Tensor | None = None  # the with-context logits again, by a forward of the whole sequence, no cache
+    query_id: int = -1  # the token this step's query is
+    witness: WitnessPass | None = None  # an open loop's patched tensors run by the witness (witness.py)
+    witness_diff: float = math.nan  # max |instrumented − witness| over the logits and every layer's output
 
     @property
     def patched_ms(self) -> float:
@@ -89,20 +93,23 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
                        choose: Callable[[Tensor, Tensor], tuple[int, int]] = greedy,
                        stop_ids: set[int] | None = None, control: bool = True,
                        stock_at: Callable[[int], bool] = lambda step: False,
-                       check_cache: bool = False, advance: str = ADVANCE_CONTEXT) -> Iterator[Step]:
+                       advance: str = ADVANCE_CONTEXT, witness: Witness | None = None) -> Iterator[Step]:
     """§4.1: generate with the context; at every step patch for the whole prefix, compare, and go on
     with the baseline's token (also after a top-1 mismatch), or with `advance="patched"` with the patched
     model's token (both models then see the patched model's text so far). At the steps `stock_at` picks, the patched
     tensors are also run as stock weights (`Patcher.stock_logits`; a closed loop's check: an open loop's
     patched pass already is that forward). With `control`, the unpatched model without the context; and for
-    a closed loop, the closed loop at the last layer alone. With `check_cache`, the last step of the reply
-    also runs the whole sequence (prompt and reply so far) uncached (`Step.uncached`), so that a bug upstream
-    of the targets (cache, positions, prompt) shows against the KV-cached logits."""
+    a closed loop, the closed loop at the last layer alone. With a `witness`, an open loop's patched tensors
+    also run through it (`Step.witness`), and how far the instrumented pass is from it, logits and every
+    layer, is `Step.witness_diff` (0 when they agree bit for bit); its reference for the prompt comes after
+    the last step (`reference_for`)."""
     if advance not in ADVANCE_MODES:
         raise ValueError(f"advance={advance!r} is not one of {', '.join(ADVANCE_MODES)}")
     ids = inputs["input_ids"]
+    if witness is not None:
+        witness.audit()  # before the first hook of the pipeline's own: anything found is someone else's
+        witness.check_memory(ids.shape[1] + max_new_tokens, max_new_tokens, ids.device)
     cache, query = patcher.start(inputs)
-    tokens: list[int] = []
     last_layer = VARIANTS[ClosedLoopLastLayer.name] if control and patcher.variant.loop == CLOSED else None
     for step in range(max_new_tokens):
         t0 = _now()
@@ -113,6 +120,7 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
         keep = {} if stock_at(step) else None
         patched = patcher.patched_pass(query, ctx, keep=keep)
         patch_ms = _ms(t0)
+        seen, diff = witnessed(witness, query, patched)
         t0 = _now()
         ctrl = patcher.control_pass(query, ctx.record) if control else None
         control_ms = _ms(t0) if control else 0.0
@@ -120,33 +128,31 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
         last = patcher.patched_pass(query, ctx, variant=last_layer) if last_layer is not None else None
         token, patched_token = choose(ctx.logits, patched.logits)
         taken = patched_token if advance == ADVANCE_PATCHED else token
-        final = step == max_new_tokens - 1 or bool(stop_ids and taken in stop_ids)
-        uncached = uncached_logits(patcher, inputs, tokens) if check_cache and final else None
         yield Step(step, token, patched_token, ctx.logits, patched, ctrl, baseline_ms, patch_ms, control_ms, stock,
-                   last, uncached)
+                   last, int(query.reshape(-1)[-1]), seen, diff)
         if stop_ids and taken in stop_ids:
             break
-        tokens.append(taken)
         query = torch.tensor([[taken]], device=ids.device)
 
 
-# inputs that run along the sequence, and what a generated (text) token adds to each
-_PER_TOKEN = {"attention_mask": 1, "token_type_ids": 0, "mm_token_type_ids": 0}
+def witnessed(witness: Witness | None, query: Tensor, patched: PatchedPass) -> tuple[WitnessPass | None, float]:
+    """An open loop's patched tensors through the witness, and the largest difference between the instrumented
+    pass and it, over the logits and every layer's output (NaN anywhere: NaN). The patched tensors live in
+    buffers the next token reuses, so the pass lets go of them here."""
+    if witness is None or patched.tensors is None:
+        return None, math.nan
+    seen = witness.patched(query, patched.tensors, patched.actions)
+    pairs = [(patched.logits, seen.logits), *zip(patched.outputs, seen.hidden, strict=True)]
+    diffs = torch.stack([(a.double() - b.double()).abs().max() for a, b in pairs])
+    patched.tensors = patched.actions = None
+    patched.outputs = []
+    return seen, float(diffs.max()) if not bool(diffs.isnan().any()) else math.nan
 
 
-@torch.no_grad()
-def uncached_logits(patcher: Patcher, inputs: dict, tokens: list[int]) -> Tensor:
-    """The with-context logits at the newest query by one forward of the whole sequence, the prompt and the
-    `tokens` generated so far, without a KV cache: what the cached step must give."""
-    ids = inputs["input_ids"]
-    extra = torch.tensor([tokens], dtype=ids.dtype, device=ids.device).view(1, -1)
-    full = dict(inputs, input_ids=torch.cat([ids, extra], dim=1))
-    for key, fill in _PER_TOKEN.items():
-        if key in inputs and inputs[key] is not None:
-            pad = torch.full((1, len(tokens)), fill, dtype=inputs[key].dtype, device=ids.device)
-            full[key] = torch.cat([inputs[key], pad], dim=1)
-    out = patcher.model(**full, use_cache=False, logits_to_keep=1)
-    return out.logits[0, -1].to(patcher.logit_dtype)
+def reference_for(witness: Witness, inputs: dict, steps: list[Step]) -> Reference:
+    """The witness's with-context reference for a prompt's `steps`: one uncached forward of the prompt and
+    every query after the first (the tokens the text went on with)."""
+    return witness.reference(inputs, [st.query_id for st in steps[1:]], len(steps))
 
 
 @dataclass

@@ -72,6 +72,11 @@ class PatchedPass:
     hidden_linf: list[float]  # per layer: max |x′_l − x_l|, the patched pass against the record
     hidden_rel: list[float]  # the same, over max |x_l|
     layer_stats: list[LayerPatchStats] = field(default_factory=list)
+    # an open loop's: the patched tensors and kept actions the forward ran with (the witness runs them again;
+    # they live in buffers reused by the next token), and each layer's output at the query
+    tensors: dict[str, Tensor] | None = field(default=None, repr=False)
+    actions: dict | None = field(default=None, repr=False)
+    outputs: list[Tensor] = field(default_factory=list, repr=False)
 
     @property
     def div_zero(self) -> int:
@@ -383,7 +388,8 @@ class Patcher:
             for h in handles:
                 h.remove()
         result = PatchedPass(logits=out.logits[0, -1].to(self.logit_dtype), hidden_linf=[], hidden_rel=[],
-                             layer_stats=stats)
+                             layer_stats=stats, tensors=tensors, actions=self.open_loop_actions(),
+                             outputs=list(outputs))
         for index, (output, reference) in enumerate(zip(outputs, step.record, strict=True)):
             if routed:
                 stats[index].routing_changed = routing_changed(routes[index]["router"], step.targets[index])

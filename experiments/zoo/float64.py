@@ -51,6 +51,15 @@ def exact_float64_(model: nn.Module) -> nn.Module:
     return model
 
 
+def float64_forward(module: nn.Module) -> bool:
+    """Whether `module`'s instance forward is one `exact_float64_` gave it (bound to that module): the project's
+    own float64 steps, not a replacement (the witness audits instance forwards, patching/witness.py)."""
+    forward = vars(module).get("forward")
+    return (getattr(forward, "__self__", None) is module
+            and getattr(forward, "__func__", None) in (_gemma_rms_forward, _rms_forward, _unscaled_rms_forward,
+                                                       _rotary_forward))
+
+
 def reload_float64(folder, dtype: torch.dtype, **kwargs) -> nn.Module:
     """Stock `AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)` in eval mode; a float64 one
     computes every step in float64 (`exact_float64_`), as the model the project loaded and saved did."""

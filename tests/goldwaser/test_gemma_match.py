@@ -35,7 +35,8 @@ def test_smoke_run_writes_metrics_claims_and_figures(tmp_path):
     assert m.loc[m["metric"] == "control_logit_linf", "value"].min() > 0.1  # the control does not
     assert len(m[m["metric"] == "hidden_linf"]) == 12 * 4  # one per layer and token
     claims = pd.read_csv(run_dir / "claims.csv")
-    assert len(claims) == 4 and claims["passed"].all(), claims.to_string()
+    assert len(claims) == 6 and claims["passed"].all(), claims.to_string()
+    assert claims["id"].str.endswith("instrumented_equals_witness").sum() == 1  # judged by the witness
     # an open loop's patched pass is the stock forward itself: no separate stock check; the with-context
     # side checked against an uncached forward instead
     assert claims["id"].str.endswith("stock_forward").sum() == 0

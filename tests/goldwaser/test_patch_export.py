@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from experiments.patching.arch import TINY_MODELS
+from experiments.patching.compare import rounding_bar
 from tests.helpers.cli import OFFLINE, run_cli
 
 
@@ -122,7 +123,7 @@ def test_a_closed_loop_export_is_a_construction_with_its_control_and_per_layer_c
     assert all(i.startswith("goldwaser.construction.export.") for i in closed.index), list(closed.index)
     for name in ("every_layer", "every_layer_control", "last_layer_control_logits", "logits_reproduced"):
         assert closed.loc[f"goldwaser.construction.export.{name}", "passed"], closed.loc[:, "measured"]
-    assert closed.loc["goldwaser.construction.export.logits_reproduced", "tolerance"] == 1e-9  # float64's bar
+    assert closed.loc["goldwaser.construction.export.logits_reproduced", "tolerance"] == rounding_bar("float64")
     naive = run_claims("patch_export", tmp_path / "naive", "model=tiny-llama", "variant=naive", "dtype=float64",
                        "prompt=Write a haiku about snow.")
     assert all(i.startswith("goldwaser.export.") for i in naive.index), list(naive.index)

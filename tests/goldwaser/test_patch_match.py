@@ -74,6 +74,9 @@ def _metrics(patched_linf: float, match: float, control_linf: float = 5.0, varia
             rows += [dict(idx, metric="hidden_rel", layer=layer, value=v) for layer, v in enumerate(layer_rel)]
             rows += [dict(idx, metric="last_layer_hidden_rel", layer=layer, value=v)
                      for layer, v in enumerate(last_layer_rel)]
+        else:  # the witness: the instrumented pass equals it, its layers as close as its logits
+            rows += [dict(idx, metric="witness_vs_instrumented_linf", value=0.0)]
+            rows += [dict(idx, metric="witness_hidden_rel", layer=layer, value=patched_linf / 10) for layer in range(4)]
     return pd.DataFrame(rows)
 
 
@@ -90,7 +93,20 @@ def test_claims_fail_on_a_wrong_input(tmp_path):
     assert good["passed"].all() and good.index.str.startswith("goldwaser.fig3.naive").any()
     # what the patched logits would look like if they were the control's: every claim must fail
     bad = _claims(tmp_path, _metrics(5.0, 0.0), "naive")
-    assert not bad["passed"].any()
+    witness = "goldwaser.witness.naive_float32_instrumented_equals_witness"
+    assert not bad.drop(witness)["passed"].any()  # (the instrumented pass still equals the witness)
+
+
+def test_a_nan_in_one_token_fails_every_claim_that_reads_it_and_says_where(tmp_path):
+    """pandas' max skips NaN: a token whose logits were NaN must fail, not vanish from the reduction."""
+    m = _metrics(1e-6, 1.0)
+    token = (m["metric"] == "logit_linf_rel") & (m["step"] == 2)
+    m.loc[token, "value"] = float("nan")
+    claims = _claims(tmp_path, m, "naive")
+    rounding = claims.loc["goldwaser.table1.naive_float32_rounding"]
+    assert not rounding["passed"] and "NaN at prompt 0 step 2" in rounding["description"]
+    missing = _claims(tmp_path / "missing", m[m["metric"] != "witness_vs_instrumented_linf"], "naive")
+    assert not missing.loc["goldwaser.witness.naive_float32_instrumented_equals_witness", "passed"]
 
 
 def test_closed_loop_claims_are_construction_and_fail_on_broken_targets(tmp_path):
@@ -148,9 +164,10 @@ def test_stock_check_is_refused_for_an_open_loop_in_one_line():
 def _cached_claim(tmp_path, prefill_from_another_prompt: bool) -> tuple[bool, pd.DataFrame]:
     import torch
 
-    from experiments.goldwaser.patch_match.run import log_step
-    from experiments.patching.generate import compare_generation
+    from experiments.goldwaser.patch_match.run import log_judged, log_step
+    from experiments.patching.generate import compare_generation, reference_for
     from experiments.patching.patcher import Patcher
+    from experiments.patching.witness import Witness
     from experiments.zoo.loading import load_model
     from experiments.zoo.prompts import encode_prompt
 
@@ -161,19 +178,27 @@ def _cached_claim(tmp_path, prefill_from_another_prompt: bool) -> tuple[bool, pd
         vocab = bundle.model.config.vocab_size
         patcher.prefill = lambda inputs: prefill({"input_ids": (inputs["input_ids"] * 7 + 1) % vocab})
     ctx = RunContext(run_dir=tmp_path, experiment="patch_match", run_id="r", device=torch.device("cpu"))
-    for st in compare_generation(patcher, encode_prompt(bundle, "A short prompt about snow."), 3, check_cache=True):
-        log_step(ctx, st, "t", prompt=0, model="tiny-llama", family="Llama", dtype="float32", variant="naive")
+    witness = Witness(bundle.model, patcher.adapter.layers, patcher.logit_dtype)
+    inputs = encode_prompt(bundle, "A short prompt about snow.")
+    index = dict(prompt=0, model="tiny-llama", family="Llama", dtype="float32", variant="naive")
+    steps = list(compare_generation(patcher, inputs, 3, witness=witness))
+    reference = reference_for(witness, inputs, steps)
+    for st in steps:
+        log_step(ctx, st, "t", **index)
+        log_judged(ctx, st, reference, "t", **index)
     check_claims(ctx, ctx.metrics(), torch.float32, "naive", True, "tiny-llama")
     claims = ctx.claims().set_index("id")
     return bool(claims.loc["goldwaser.record.float32_cached_equals_uncached", "passed"]), claims
 
 
 def test_the_with_context_side_checked_against_itself_fails_on_a_prefill_from_another_prompt(tmp_path):
-    """The record and the targets come from the same cached pass: with the cache built from another prompt
-    the patch still matches that pass (the open loop's claims pass), and only the cached-vs-uncached claim,
-    an uncached forward of the true prompt and reply, sees it."""
+    """The record and the targets come from the same cached pass: with the cache built from another prompt the
+    patch still matches that pass, but the witness judges it against its own uncached forward of the true
+    prompt and reply, so the open loop's logit claims fail beside the cached-vs-uncached one; the instrumented
+    pass still equals the witness (it ran the same wrong patch)."""
     passed, claims = _cached_claim(tmp_path / "good", False)
     assert passed and claims["passed"].all(), claims.to_string()
     passed, claims = _cached_claim(tmp_path / "broken", True)
     assert not passed
-    assert claims.drop("goldwaser.record.float32_cached_equals_uncached")["passed"].all()
+    assert not claims.loc["goldwaser.table1.naive_float32_rounding", "passed"]
+    assert claims.loc["goldwaser.witness.naive_float32_instrumented_equals_witness", "passed"]

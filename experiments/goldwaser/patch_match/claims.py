@@ -8,6 +8,7 @@ import math
 import pandas as pd
 
 from experiments.core.plotting import metric
+from experiments.core.reduce import judged, reduce_metric
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.goldwaser.paper import BEST_BF16_MATCH, PAPER_BF16_MATCH
@@ -64,38 +65,50 @@ def _routing_changed(m: pd.DataFrame) -> float:
 
 
 def cached_claim(ctx: RunContext, m: pd.DataFrame, dtype, model: str) -> None:
-    """The with-context side against itself: at each prompt's last step, the KV-cached logits (the ones every
-    patch is judged by) against one uncached forward of the whole sequence. The record and the targets are
-    taken in the cached pass, so a bug upstream of them (the cache, the positions, the prompt) is invisible
-    to every other claim; this one sees it."""
+    """The with-context side against itself: at every step, the KV-cached logits (the pass the targets and the
+    record are taken in) against the witness's uncached forward of the whole sequence. A bug upstream of the
+    targets (the cache, the positions, the prompt) shows here."""
     name = dtype_name(dtype)
+    value, note = judged(m, "cached_vs_uncached_logit_linf_rel")
     ctx.check(f"goldwaser.record.{name}_cached_equals_uncached", SOURCE + " (the with-context side)",
-              f"the KV-cached with-context logits equal an uncached forward of the prompt and reply so far, at each "
-              f"prompt's last step: max |Δlogit| / max |logit| over prompts ({model}, {name})",
-              metric(m, "cached_vs_uncached_logit_linf_rel")["value"].max(), "<=", CACHED_ROUNDING[name])
+              f"the KV-cached with-context logits equal the witness's uncached forward of the prompt and reply so "
+              f"far, every step: max |Δlogit| / max |logit| ({model}, {name}){note}", value, "<=",
+              CACHED_ROUNDING[name])
 
 
 def _evidence_claims(ctx, m, dtype, variant, control, model, tag) -> None:
+    """An open loop's: every logit and layer judged is the witness's (patching/witness.py), its forward of the
+    patched tensors against its uncached forward with the context; and the instrumented pass equals it."""
     name = dtype_name(dtype)
     where = f"{model}, {name}, {tag}"
-    match = 100.0 * metric(m, "top1_match")["value"].mean()
-    rel = metric(m, "logit_linf_rel")["value"].max()
+    match, match_note = judged(m, "top1_match", "mean")
+    match *= 100.0
+    rel, rel_note = judged(m, "logit_linf_rel")
+    diff, diff_note = judged(m, "witness_vs_instrumented_linf")
+    ctx.check(f"goldwaser.witness.{tag}_{name}_instrumented_equals_witness", SOURCE + " (the witness)",
+              f"the instrumented patched pass (the one that gives the per-layer statistics) equals the witness's "
+              f"hook-free forward of the same patched tensors bit for bit: max |Δ| over the logits and every "
+              f"layer's output, every token ({where}){diff_note}", diff, "<=", 0.0)
+    layer, layer_note = judged(m, "witness_hidden_rel")
+    ctx.check(f"goldwaser.table1.{tag}_{name}_every_layer", TABLE1,
+              f"every layer's output in the witness's patched forward against its uncached with-context forward: "
+              f"max |Δ| / max |x_l| over layers and tokens ({where}){layer_note}", layer, "<=", LAYER_EXACT[name])
     if name in ("float32", "float64"):
         ctx.check(f"goldwaser.fig3.{tag}_{name}_top1_match", SOURCE + " Fig 3",
                   f"patched model without context picks the same top-1 token as the model with it, "
-                  f"every generated token, % ({where})", match, ">=", 100.0, paper_value=100.0)
+                  f"every generated token, % ({where}){match_note}", match, ">=", 100.0, paper_value=100.0)
         ctx.check(f"goldwaser.table1.{tag}_{name}_rounding", TABLE1,
-                  f"next-token logits at rounding level: max |Δlogit| / max |logit| over all tokens ({where})",
-                  rel, "<=", rounding_bar(name))
+                  f"next-token logits at rounding level: max |Δlogit| / max |logit| over all tokens "
+                  f"({where}){rel_note}", rel, "<=", rounding_bar(name))
     elif name == "bfloat16":
         paper = PAPER_BF16_MATCH.get(variant)
         bar = paper if paper is not None else BEST_BF16_MATCH  # conditioned: the paper's best
         ctx.check(f"goldwaser.fig4.{tag}_bfloat16_top1_match", SOURCE + " Fig 3–4",
                   f"bfloat16 top-1 token agreement, % of generated tokens; the paper measured on TPU with "
-                  f"Gemma 3 1B ({where})", match, ">=", bar, paper_value=paper)
+                  f"Gemma 3 1B ({where}){match_note}", match, ">=", bar, paper_value=paper)
     if control:
-        ratio = (metric(m, "control_logit_linf")["value"].median()
-                 / max(metric(m, "logit_linf")["value"].median(), 1e-300))
+        ratio = reduce_metric(m, "control_logit_linf", "median") / max(reduce_metric(m, "logit_linf", "median"),
+                                                                         1e-300)
         ctx.check(f"goldwaser.fig3.{tag}_{name}_control_differs", SOURCE + " (control)",
                   f"the control (unpatched model, no context) is far off where the patched one is close: log10 "
                   f"of the median logit L∞ ratio control / patched ({where})", math.log10(ratio), ">=", 1.0)

@@ -94,8 +94,9 @@ def compare_all(cfg: PatchMatchConfig, ctx: RunContext, bundle):
     import torch
 
     from experiments.core.samples import token_sample
-    from experiments.patching.generate import compare_generation, coupled_sampler, greedy
+    from experiments.patching.generate import compare_generation, coupled_sampler, greedy, reference_for
     from experiments.patching.patcher import Patcher
+    from experiments.patching.witness import Witness
     from experiments.zoo.prompts import encode_prompt, stop_token_ids
     from experiments.zoo.vision import load_image
 
@@ -104,6 +105,7 @@ def compare_all(cfg: PatchMatchConfig, ctx: RunContext, bundle):
         image.save(ctx.path(CONTEXT_IMAGE))
     prompts = prompt_list(cfg)
     patcher = Patcher(bundle.model, cfg.variant, cfg.apply)
+    witness = Witness(bundle.model, patcher.adapter.layers, patcher.logit_dtype)
     log.info("model %s: %s, %s; %s, variant %s, apply=%s, advance=%s", cfg.model, describe_model(patcher),
              weights_origin(cfg.model), dtype_name(ctx.dtype), cfg.variant, cfg.apply, cfg.advance)
     choose = greedy if cfg.sampling == Sampling.greedy else coupled_sampler(
@@ -117,18 +119,22 @@ def compare_all(cfg: PatchMatchConfig, ctx: RunContext, bundle):
     check_context_length(bundle.model.config, [e["input_ids"].shape[1] for e in encoded], cfg.max_new_tokens)
     with progress(len(prompts) * cfg.max_new_tokens, ctx.experiment) as bar:
         for p, inputs in enumerate(encoded):
-            steps = matches = 0
+            steps = []
             for st in compare_generation(patcher, inputs, cfg.max_new_tokens, choose, stop_ids,
-                                         cfg.control, stock_at, check_cache=True, advance=cfg.advance):
-                log_step(ctx, st, token_text(bundle.tokenizer, st.token_id), prompt=p, **index)
+                                         cfg.control, stock_at, advance=cfg.advance, witness=witness):
+                text = token_text(bundle.tokenizer, st.token_id)
+                log_step(ctx, st, text, prompt=p, **index)
                 ctx.sample(token_sample(bundle.tokenizer, st.step, st.context, st.patched.logits,
                                         st.control.logits if st.control is not None else None, st.token_id,
                                         prompt=p, position=inputs["input_ids"].shape[1] + st.step,
                                         **{k: index[k] for k in ("model", "dtype", "variant")}))
-                steps += 1
-                matches += st.token_id == st.patched_token_id
-                bar.advance(1, info=f"prompt {p + 1}/{len(encoded)}: top-1 match {matches}/{steps}")
-            bar.advance(cfg.max_new_tokens - steps)  # a reply that stopped early
+                steps.append((st, text))
+                matches = sum(s.token_id == s.patched_token_id for s, _ in steps)
+                bar.advance(1, info=f"prompt {p + 1}/{len(encoded)}: top-1 match {matches}/{len(steps)}")
+            reference = reference_for(witness, inputs, [st for st, _ in steps])
+            for st, text in steps:
+                log_judged(ctx, st, reference, text, prompt=p, **index)
+            bar.advance(cfg.max_new_tokens - len(steps))  # a reply that stopped early
     return patcher.adapter
 
 
@@ -144,30 +150,23 @@ def stock_check(choice: StockCheck, model, variant: str) -> StockCheck:
 
 
 def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
+    """What a step says on its own: how near a tie, the generation's choice, the stock check, the instrumented
+    pass's statistics, its per-layer distance to the record and its difference to the witness, the timers."""
     from experiments.patching.compare import logit_comparison, top2_margin
 
     idx = dict(index, step=st.step, token=token_text, token_id=st.token_id)
-    ctx.log_many(logit_comparison(st.context, st.patched.logits), **idx)
     ctx.log("context_margin", top2_margin(st.context), **idx)  # how near a tie: where a miss can happen
     ctx.log("token_match", float(st.token_id == st.patched_token_id), **idx)
-    if st.control is not None:
-        ctrl = logit_comparison(st.context, st.control.logits)
-        ctx.log_many({f"control_{k}": ctrl[k] for k in ("logit_linf", "tvd", "top1_match")}, **idx)
-        ctx.log("control_ms", st.control_ms, **idx)
-    if st.last_layer is not None:
-        last = logit_comparison(st.context, st.last_layer.logits)
-        ctx.log_many({f"last_layer_{k}": last[k] for k in ("logit_linf", "logit_linf_rel", "top1_match")}, **idx)
-    if st.stock is not None:  # against the with-context logits, and against the patched pass's own
-        stock = logit_comparison(st.context, st.stock)
-        ctx.log_many({f"stock_{k}": stock[k] for k in ("logit_linf_rel", "tvd", "top1_match")}, **idx)
+    if st.stock is not None:  # the patched weights' stock forward against the patched pass's own logits
         ctx.log("stock_vs_patched_logit_linf_rel", logit_comparison(st.patched.logits, st.stock)["logit_linf_rel"],
                 **idx)
-    if st.uncached is not None:  # the record checked against itself: KV-cached against uncached
-        ctx.log("cached_vs_uncached_logit_linf_rel", logit_comparison(st.uncached, st.context)["logit_linf_rel"],
-                **idx)
+    if st.witness is not None:  # the instrumented pass against the witness: 0 when they agree bit for bit
+        ctx.log("witness_vs_instrumented_linf", st.witness_diff, **idx)
     ctx.log_many(dict(div_zero=st.patched.div_zero, no_root=st.patched.no_root, dm_linf=st.patched.dm_linf,
                       routing_changed=st.patched.routing_changed,
                       baseline_ms=st.baseline_ms, patch_ms=st.patch_ms, patched_ms=st.patched_ms), **idx)
+    if st.control is not None:
+        ctx.log("control_ms", st.control_ms, **idx)
     for layer, (err, rel) in enumerate(zip(st.patched.hidden_linf, st.patched.hidden_rel, strict=True)):
         ctx.log("hidden_linf", err, layer=layer, **idx)
         ctx.log("hidden_rel", rel, layer=layer, **idx)
@@ -175,3 +174,28 @@ def log_step(ctx: RunContext, st, token_text: str, **index) -> None:
         if other is not None:  # the same distance to the record, for the controls
             for layer, rel in enumerate(other.hidden_rel):
                 ctx.log(f"{name}_hidden_rel", rel, layer=layer, **idx)
+
+
+def log_judged(ctx: RunContext, st, reference, token_text: str, **index) -> None:
+    """A step judged against the witness's reference (the uncached with-context forward, witness.py): the
+    patched logits (the witness's own forward of the patched tensors for an open loop; the pass's for a closed
+    loop, a construction), the controls', the KV-cached with-context logits, and each layer's output."""
+    from experiments.patching.compare import logit_comparison, relative_error
+
+    idx = dict(index, step=st.step, token=token_text, token_id=st.token_id)
+    want = reference.logits[st.step]
+    judged = st.witness.logits if st.witness is not None else st.patched.logits
+    ctx.log_many(logit_comparison(want, judged), **idx)
+    ctx.log("cached_vs_uncached_logit_linf_rel", logit_comparison(want, st.context)["logit_linf_rel"], **idx)
+    if st.control is not None:
+        ctrl = logit_comparison(want, st.control.logits)
+        ctx.log_many({f"control_{k}": ctrl[k] for k in ("logit_linf", "tvd", "top1_match")}, **idx)
+    if st.last_layer is not None:
+        last = logit_comparison(want, st.last_layer.logits)
+        ctx.log_many({f"last_layer_{k}": last[k] for k in ("logit_linf", "logit_linf_rel", "top1_match")}, **idx)
+    if st.stock is not None:
+        stock = logit_comparison(want, st.stock)
+        ctx.log_many({f"stock_{k}": stock[k] for k in ("logit_linf_rel", "tvd", "top1_match")}, **idx)
+    if st.witness is not None:
+        for layer, (seen, ref) in enumerate(zip(st.witness.hidden, reference.hidden, strict=True)):
+            ctx.log("witness_hidden_rel", relative_error(ref[st.step], seen), layer=layer, **idx)
