@@ -4,11 +4,13 @@
 the patcher (any supported architecture, any variant) patches every layer for the prompt's last token,
 the patched model is saved with `save_pretrained` into RUN/patched (and the original random model into
 RUN/base, since it exists nowhere else), and the check is independent of the patching code: stock
-`AutoModelForCausalLM.from_pretrained(RUN/patched)` (in float64 with the project's float64 norms and rotary
-tables, `zoo/float64.reload_float64`), fed the query token alone, against the original model's next-token
-logits after the whole prompt, within the dtype's bar (patching/compare.ROUNDING). An open loop's export is
-evidence (`goldwaser.export.*`); a closed loop's is a construction (`goldwaser.construction.export.*`),
-beside its control, the closed loop at the last layer alone, and its per-layer error against the record.
+`AutoModelForCausalLM.from_pretrained(RUN/patched)` in a fresh process (in float64 with the project's float64
+norms and rotary tables, `zoo/fresh_reload.py`), fed the query token alone, against the witness's uncached
+forward of the whole prompt (patching/witness.py), within the dtype's bar (patching/compare.ROUNDING); beside
+it the cached pass the patch came from against the same forward, and inputs.json's tokens against the
+prompt's. An open loop's export is evidence (`goldwaser.export.*`); a closed loop's is a construction
+(`goldwaser.construction.export.*`), beside its control, the closed loop at the last layer alone, and its
+per-layer error against the record.
 """
 
 from __future__ import annotations
@@ -37,15 +39,16 @@ def validate(cfg: PatchExportConfig) -> None:
 
 
 def run(cfg: PatchExportConfig, ctx: RunContext) -> None:
-    import torch
     from transformers.utils import logging as hf_logging
 
     from experiments.core.runtime import dtype_name
-    from experiments.patching.compare import comparable, logit_comparison
+    from experiments.patching.arch import adapter_for
+    from experiments.patching.compare import logit_comparison, logit_dtype
     from experiments.patching.export import export_patched
-    from experiments.zoo.float64 import reload_float64
-    from experiments.zoo.loading import implementation_kwargs, load_model, model_label
-    from experiments.zoo.quiet import quiet_transformers
+    from experiments.patching.witness import Witness
+    from experiments.zoo.fresh_reload import fresh_logits
+    from experiments.zoo.loading import load_model, model_label
+    from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
@@ -53,26 +56,43 @@ def run(cfg: PatchExportConfig, ctx: RunContext) -> None:
     bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     variant = chosen_variant(cfg, bundle.model.config.model_type)
     log.info("variant %s: %s", variant.name, describe(variant))
+    # the witness (patching/witness.py) is made before the pipeline touches the model: its reference, an
+    # uncached forward of the prompt encoded here, is what the export is judged by
+    witness = Witness(bundle.model, adapter_for(bundle.model.config.model_type).layers, logit_dtype(ctx.dtype))
+    ids = encode_prompt(bundle, cfg.prompt, None, cfg.chat_template, ctx.device)["input_ids"]
     with threads_for(bundle.model):
         summary = export_patched(bundle, cfg.prompt, ctx.run_dir, variant.name, cfg.chat_template)
-    reference, control = summary["reference_logits"], summary["control_logits"]
-    with quiet_transformers():
-        stock = reload_float64(ctx.run_dir / "patched", ctx.dtype,
-                               **implementation_kwargs(bundle.model.config)).to(ctx.device)
-    with torch.no_grad():
-        query = torch.tensor([[summary["query_id"]]], device=ctx.device)
-        got = comparable(stock(input_ids=query).logits[0, -1])
+        reference = witness.reference({"input_ids": ids}, [], 1).logits[0]
+    cached, control = summary["reference_logits"], summary["control_logits"]
+    # the checkpoint as a user meets it: stock transformers in a fresh process, fed the query it says it holds
+    got = fresh_logits(ctx.run_dir / "patched", summary["query_id"], ctx.dtype, ctx.device)
     check = logit_comparison(reference, got)
     ctrl = logit_comparison(reference, control)
     index = dict(model=cfg.model, dtype=dtype_name(ctx.dtype), variant=variant.name)
     ctx.log_many(check, **index)
     ctx.log_many({f"control_{k}": v for k, v in ctrl.items()}, **index)
+    ctx.log("cached_vs_uncached_logit_linf_rel", logit_comparison(reference, cached)["logit_linf_rel"], **index)
+    # the prompt it says it holds is the prompt asked for, token for token
+    ctx.log("holds_prompt", float(summary["context_ids"] + [summary["query_id"]] == ids[0].tolist()), **index)
     decode = bundle.tokenizer.decode
     log.info("next token with the context %r; the patched checkpoint (stock reload) without it %r; the unpatched "
              "model without it %r", summary["next_token_with_context"], decode([int(got.argmax())]),
              summary["next_token_without_context"])
     where = f"{cfg.model}, {dtype_name(ctx.dtype)}, {variant.name}"
     check_claims(ctx, check, ctrl, summary, variant, dtype_name(ctx.dtype), where)
+    record_claims(ctx, ctx.metrics(), dtype_name(ctx.dtype), where)
+
+
+def record_claims(ctx: RunContext, m: pd.DataFrame, dtype: str, where: str) -> None:
+    """The with-context side: the cached pass the patch was computed from against the witness's uncached
+    forward of the prompt asked for, and the checkpoint's inputs.json naming that prompt's tokens."""
+    from experiments.core.reduce import reduce_metric
+    from experiments.goldwaser.patch_match.claims import cached_claim
+
+    cached_claim(ctx, m, dtype, where.split(",")[0])
+    ctx.check("goldwaser.record.export_holds_prompt", REF + " (the with-context side)",
+              f"the exported checkpoint's inputs.json names the prompt's own tokens, the context and the query "
+              f"({where})", reduce_metric(m, "holds_prompt", "min"), ">=", 1.0, measure="same tokens (1) or not (0)")
 
 
 def check_claims(ctx: RunContext, check: dict, ctrl: dict, summary: dict, variant, dtype: str, where: str) -> None:
