@@ -26,6 +26,8 @@ RUNS = {
                             "max_new_tokens=3", "prompts=[Hi there.]"),
     "layer_errors": ("layer_errors", "model=tiny-llama", "variants=[naive]", "max_new_tokens=2",
                      "prompts=[Hi there.]"),
+    "layer_errors_gemma3": ("layer_errors", "model=tiny-gemma3", "variants=[naive,stable,conditioned]",
+                            "max_new_tokens=2", "prompts=[Hi there.]"),
     "patch_export_float64": ("patch_export", "model=tiny-llama", "dtype=float64", "variant=naive", f"prompt={PROMPT}"),
     # GPT-2: the query alone sits at position 0, the record's input at position n, so a layer fed the record's
     # input instead of its own is seen (on tiny-llama the two agree to rounding wherever a patch is exact). Only
@@ -40,10 +42,11 @@ RUNS = {
                                      "max_new_tokens=3", "prompts=[Hi there.]")
        for variant in ("naive", "stable", "conditioned")},
 }
-OPEN_LOOP = ("patch_match_float64", "patch_match_float32", "layer_errors", "patch_export_float64")
+OPEN_LOOP = ("patch_match_float64", "patch_match_float32", "layer_errors", "patch_export_float64",
+             "gemma3_naive_float32", "gemma3_stable_float32", "gemma3_conditioned_float32", "layer_errors_gemma3")
 # the open loop's patch_match runs: the witness judges each (patching/witness.py)
 PATCHED_PASS = ("patch_match_float64", "patch_match_float32", "gemma3_naive_float32", "gemma3_stable_float32",
-                "gemma3_conditioned_float32")
+                "gemma3_conditioned_float32", "layer_errors", "layer_errors_gemma3")
 FLOAT64 = ("patch_match_float64", "layer_errors", "patch_export_float64")
 # which runs a fault can reach: a closed loop's replay needs interception, the fixed patch is context_compile's
 FAULTS = {
@@ -53,7 +56,8 @@ FAULTS = {
     "float32_step": FLOAT64,
     "other_context_targets": ("patch_match_float64", "layer_errors", "patch_export_float64"),
     "replayed_input": ("gpt2_closed_loop_float64",),
-    "prefilled_other_prompt": ("patch_match_float64", "patch_match_float32", "patch_export_float64"),
+    "prefilled_other_prompt": ("patch_match_float64", "patch_match_float32", "patch_export_float64", "layer_errors",
+                               "context_compile_float64"),
     "fixed_patch_zeroed": ("context_compile_float64",),
     "reload_unpatched": ("patch_export_float64", "context_compile_float64"),  # the checkpoint saved unpatched
     # the open loop's patched pass itself: a replay, the wrong tensor, the context through the cache
@@ -61,7 +65,8 @@ FAULTS = {
     "logits_from_context": PATCHED_PASS,
     "context_through_cache": PATCHED_PASS,
     # the vector updates (Gemma 3's post-MLP norm scale, Thm 10): each Δ scaled by 1 + 1e-3
-    "vector_scaled_1e-3": ("gemma3_naive_float32", "gemma3_stable_float32", "gemma3_conditioned_float32"),
+    "vector_scaled_1e-3": ("gemma3_naive_float32", "gemma3_stable_float32", "gemma3_conditioned_float32",
+                           "layer_errors_gemma3"),
 }
 
 
@@ -137,10 +142,14 @@ def inject(monkeypatch, fault: str) -> None:
         from experiments.patching import lemmas
 
         monkeypatch.setattr(lemmas, "input_direction", lambda z: z.clone())
-    elif fault == "reload_unpatched":
+    elif fault == "reload_unpatched":  # the checkpoint saved (export) or reloaded (context_compile) unpatched
+        from contextlib import nullcontext
+
+        from experiments.patching import export
         from experiments.zoo import float64
         from experiments.zoo.loading import load_model
 
+        monkeypatch.setattr(export, "patched_weights", lambda model, tensors: nullcontext(model))
         reload = float64.reload_float64
 
         def unpatched(folder, dtype, **kwargs):

@@ -61,7 +61,7 @@ def test_the_honest_runs_pass_their_evidence_claims(battery):
     that hold are counted, and the witness's own claim holds everywhere."""
     for run, claims in battery["honest"].items():
         bad = claims[~claims["passed"].astype(bool)]
-        assert run.startswith(("gpt2_", "gemma3_")) or bad.empty, (run, bad[["measured", "tolerance"]])
+        assert run.startswith("gpt2_") or "gemma3" in run or bad.empty, (run, bad[["measured", "tolerance"]])
         assert not bad.index.str.contains("instrumented_equals_witness").any(), run
 
 
@@ -77,8 +77,10 @@ def test_every_fault_fails_an_evidence_claim_in_every_run_it_reaches(battery, fa
 
 
 def test_every_evidence_claim_fails_on_some_fault(battery):
-    """By claim id, over every run of the battery: no evidence claim passes every fault."""
-    claims = {c for table in battery["honest"].values() for c in _evidence(table).index}
+    """By claim id, over every run of the battery: no evidence claim that holds on an honest run passes every
+    fault (one that fails honestly, on random weights, has nothing to be caught on)."""
+    claims = {c for table in battery["honest"].values() for c in _evidence(table).index[
+        _evidence(table)["passed"].astype(bool)]}
     caught = {item.split("/", 1)[1] for fault in FAULTS for item in failed(battery, fault)}
     assert claims - caught == set()
 

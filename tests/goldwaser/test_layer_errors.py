@@ -211,6 +211,13 @@ def test_growth_per_layer_before_saturation():
 
 
 def _claims(m: pd.DataFrame, tmp_path) -> pd.DataFrame:
+    """The claims of table `m`. The tests set an open loop's per-layer error as `hidden_rel`; its claims read the
+    witness's (`witness_hidden_rel`, claims.judged_by_witness): the tests' values are copied there."""
+    from experiments.patching.variants import VARIANTS as REGISTRY
+
+    opened = (m["metric"] == "hidden_rel") & m["variant"].map(lambda v: v in REGISTRY and REGISTRY[v].evidence)
+    m = pd.concat([m[m["metric"] != "witness_hidden_rel"], m[opened].assign(metric="witness_hidden_rel")],
+                  ignore_index=True)
     ctx = RunContext(tmp_path, "layer_errors", "r")
     check_claims(ctx, m)
     return ctx.claims().set_index("id")

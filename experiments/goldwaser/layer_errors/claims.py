@@ -174,11 +174,29 @@ def declared(variants, role) -> list[str]:
     return [name for name in in_registry_order(variants) if name in VARIANTS and role(VARIANTS[name])]
 
 
+def judged_by_witness(m: pd.DataFrame) -> pd.DataFrame:
+    """The table the claims read: for an open loop, each layer's error is the witness's (its forward of the
+    patched tensors against its uncached with-context forward, patching/witness.py), which takes the place of
+    the instrumented pass's distance to the record; a closed loop's stays the record's (a construction,
+    solved inside the pass). An open loop with no witness rows has no per-layer errors: its claims fail."""
+    if "variant" not in m or not len(m):
+        return m
+    open_loop = m["variant"].map(lambda v: v in VARIANTS and VARIANTS[v].evidence).to_numpy(dtype=bool)
+    metric = m["metric"].to_numpy()
+    out = m[~(open_loop & (metric == "hidden_rel"))].copy()
+    witness = (open_loop & (metric == "witness_hidden_rel"))[~(open_loop & (metric == "hidden_rel"))]
+    out.loc[out.index[witness], "metric"] = "hidden_rel"
+    return out
+
+
 def check_claims(ctx, m: pd.DataFrame, tag: str = "") -> None:
     """Every claim the measurements support; `tag` (`_action` for apply=action) follows the open loop's
     variant in its claims' ids, so that a sweep over apply= keeps them apart. Which claims a variant gets is
-    what it declares (patching/variants.py); its name is only written into the claims' ids."""
+    what it declares (patching/variants.py); its name is only written into the claims' ids. Every open loop
+    (naive, stable, conditioned) is judged by the witness (`judged_by_witness`), and must equal it bit for bit."""
     dtypes = [d for d in ("float32", "float64") if d in set(m["dtype"])]
+    _record_claims(ctx, m, dtypes)
+    m = judged_by_witness(m)
     variants = m["variant"].dropna()
     where = f"{m['model'].iloc[0]}" if "model" in m and len(m) else ""
     n_layers = int(m["layer"].max()) + 1 if "layer" in m and m["layer"].notna().any() else 0
@@ -196,6 +214,12 @@ def check_claims(ctx, m: pd.DataFrame, tag: str = "") -> None:
                       f"the control: Thm 10 alone (divides by near-zero MLP outputs) makes the patched model more "
                       f"sensitive; log10 of its median one-ulp sensitivity ratio to the unpatched model's "
                       f"({where}, {dtype})", sensitivity_ratio(m, dtype, alone), ">=", SENSITIVITY_DECADES)
+    for variant in declared(variants, lambda v: v.evidence):
+        for dtype in dtypes:
+            _witness_claims(ctx, m, dtype, where, variant, tag)
+    for other in declared(variants, lambda v: v.evidence and not v.paper_algorithm):
+        for dtype in dtypes:
+            _exact_open_loop_claims(ctx, m, dtype, where, other, tag)
     for naive in declared(variants, algorithm1):
         rule = RULES[str(m["rule"].dropna().iloc[0])] if "rule" in m and m["rule"].notna().any() else SCALE
         _open_loop_claims(ctx, m, dtypes, where, n_layers, naive, tag)
@@ -203,6 +227,42 @@ def check_claims(ctx, m: pd.DataFrame, tag: str = "") -> None:
             _scale_rule_amplifies(ctx, m, dtypes, where, n_layers, naive, tag)
         else:
             _matrix_rule_does_not(ctx, m, dtypes, where, rule, naive, tag)
+
+
+def _record_claims(ctx, m: pd.DataFrame, dtypes: list[str]) -> None:
+    """The with-context side, per dtype: the KV-cached logits the targets come from against the witness's
+    uncached forward of the prompt and reply (a cache or a prompt gone wrong shows here)."""
+    from experiments.goldwaser.patch_match.claims import cached_claim
+
+    model = f"{m['model'].iloc[0]}" if "model" in m and len(m) else ""
+    for dtype in dtypes:
+        cached_claim(ctx, m[m["dtype"] == dtype], dtype, model)
+
+
+def _witness_claims(ctx, m, dtype: str, where: str, variant: str, tag: str) -> None:
+    from experiments.core.reduce import judged
+
+    diff, note = judged(m[(m["dtype"] == dtype) & (m["variant"] == variant)], "witness_vs_instrumented_linf")
+    ctx.check(f"goldwaser.witness.{variant}{tag}_{dtype}_instrumented_equals_witness", REF + " (the witness)",
+              f"the instrumented patched pass (the per-layer statistics and gains) equals the witness's hook-free "
+              f"forward of the same patched tensors bit for bit: max |Δ| over the logits and every layer's output, "
+              f"every token ({where}, {dtype}){note}", diff, "<=", 0.0)
+
+
+def _exact_open_loop_claims(ctx, m, dtype: str, where: str, variant: str, tag: str) -> None:
+    """An open loop other than the paper's Algorithm 1 (App. B's stable, the conditioned one): exact at every
+    layer within the dtype's bar, judged by the witness, beside the unpatched model's distance (the control)."""
+    from experiments.patching.compare import LAYER_EXACT
+
+    ref = f"{REF_APPB} ({variant})"
+    ctx.check(f"goldwaser.alg1.{variant}{tag}_{dtype}_every_layer", ref,
+              f"the open loop's every layer within {dtype}'s bar: max relative error of every layer's output in the "
+              f"witness's patched forward against its uncached with-context forward, over layers and tokens; a "
+              f"token not a number fails it ({where})", worst_error(m, dtype, variant), "<=", LAYER_EXACT[dtype])
+    ctx.check(f"goldwaser.alg1.{variant}{tag}_{dtype}_every_layer_control", ref + " (control)",
+              f"the control: the unpatched model without the context is far from the with-context layers; log10 of "
+              f"its median per-layer distance over the open loop's largest ({where}, {dtype})",
+              record_control_ratio(m, dtype, variant), ">=", CONTROL_DECADES, measure="log10(control / open loop)")
 
 
 def _closed_loop_claims(ctx, m, dtype: str, where: str, closed: str) -> None:
@@ -280,8 +340,5 @@ def _matrix_rule_does_not(ctx, m, dtypes: list[str], where: str, rule: OutputRul
                   f"in float64 the open loop's error is not amplified: decades by which it grows beyond the sum of "
                   f"every layer's own rounding, log10(e_k / ((k + 1) e_0)), median over tokens ({where})",
                   median_beyond_accumulation(m, "float64", naive), "<=", AMPLIFIED, measure="log10(e_k / ((k+1) e_0))")
-    dtype = dtypes[-1]
-    ctx.check(f"goldwaser.alg1.{naive}{tag}_{dtype}_layers_amplify_as_original", f"{REF}, {rule}",
-              f"the open loop's patched layers amplify an input change like the original ones: the worst layer's "
-              f"|log10| of the median gain ratio, same x and δ ({where}, {dtype})",
-              worst_layer_gain(m, dtype, naive), "<=", AMPLIFY)
+    # (no claim that its patched layers amplify like the original ones: a zeroed patch would pass it; the gain
+    # ratios stay in the metrics and the figure)

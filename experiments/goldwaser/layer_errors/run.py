@@ -94,6 +94,8 @@ def run(cfg: LayerErrorsConfig, ctx: RunContext) -> None:
     from experiments.core.runtime import resolve_dtype
     from experiments.core.samples import token_sample
     from experiments.patching.arch import adapter_for
+    from experiments.patching.compare import logit_dtype
+    from experiments.patching.witness import Witness
     from experiments.zoo.loading import check_model, load_model, model_label
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
@@ -111,32 +113,39 @@ def run(cfg: LayerErrorsConfig, ctx: RunContext) -> None:
             index = dict(model=cfg.model, preset=cfg.preset, dtype=dtype, rule=adapter.output_rule.key,
                          apply=cfg.apply)
             original_sensitivity: dict = {}  # the unpatched model's: the same for every variant
+            witness = Witness(bundle.model, adapter.layers, logit_dtype(bundle.model.dtype))
             with threads_for(bundle.model):
                 for variant in variants:
                     for p, inputs in enumerate(encoded):
+                        results = []
                         for result in measure_prompt(bundle.model, variant, inputs, n_tokens,
                                                      cfg.delta_rel[dtype], cfg.seed, original_sensitivity,
-                                                     key=p, apply=cfg.apply):
+                                                     key=p, apply=cfg.apply, witness=witness):
                             log_token(ctx, result, variant=variant, prompt=p, **index)
                             ctx.sample(token_sample(bundle.tokenizer, result["step"], result["context"],
                                                     result["patched"].logits, result["control"], prompt=p,
                                                     position=inputs["input_ids"].shape[1] + result["step"],
                                                     variant=variant, dtype=dtype))
+                            results.append(result)
                             bar.advance(1, info=f"{dtype} {variant} prompt {p + 1}/{len(prompts)}")
+                        reference = witness.reference(inputs, [r["token_id"] for r in results[1:]], len(results))
+                        for result in results:
+                            log_judged(ctx, result, reference, variant=variant, prompt=p, **index)
             del bundle
     check_claims(ctx, ctx.metrics(), "_action" if cfg.apply == ACTION else "")
 
 
 def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: float, seed: int,
-                   original_sensitivity: dict, key=0, apply: str = MATERIALIZED):
+                   original_sensitivity: dict, key=0, apply: str = MATERIALIZED, witness=None):
     """Greedy generation with the context; at each token the patched pass and its per-layer measurements, the
     unpatched model's distance to the record beside them (the control), and for a closed loop how far its
     patches are from its open-loop counterpart's. `original_sensitivity` caches the unpatched model's one-ulp
-    sensitivity by (key, token position)."""
+    sensitivity by (key, token position). With a `witness` an open loop's patched tensors also run through it
+    (`witness`, `witness_diff`: generate.witnessed); its reference comes after the prompt (`log_judged`)."""
     import torch
 
     from experiments.goldwaser.layer_gain import one_ulp_sensitivity
-    from experiments.patching.compare import logit_comparison
+    from experiments.patching.generate import witnessed
     from experiments.patching.patcher import Patcher
     from experiments.patching.variants import VARIANTS
 
@@ -148,6 +157,7 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
         context, cache = ctx.logits, ctx.cache
         keep: dict = {}
         patched = patcher.patched_pass(query, ctx, keep=keep)
+        seen, diff = witnessed(witness, query, patched)
         actions = patcher.open_loop_actions()  # apply=action: the matrices' updates, added by hooks where run
         gains = layer_gains(patcher, query, ctx.targets, keep, delta_rel, torch.Generator().manual_seed(seed + step),
                             actions)
@@ -161,8 +171,7 @@ def measure_prompt(model, variant: str, inputs: dict, n_tokens: int, delta_rel: 
             for row, diff in zip(per_layer, patch_distance(patcher, keep, open_keep), strict=True):
                 row["patch_rel_to_open_loop"] = diff
         yield dict(step=step, token_id=int(query.view(-1)[0]), patched=patched, per_layer=per_layer,
-                   logits=logit_comparison(context, patched.logits),
-                   one_ulp_patched=patched_sensitivity(model, query, keep, actions),
+                   witness=seen, witness_diff=diff, one_ulp_patched=patched_sensitivity(model, query, keep, actions),
                    one_ulp_original=original_sensitivity[key, step], context=context, control=control.logits)
         query = context.argmax().view(1, 1).to(query.device)
 
@@ -219,9 +228,25 @@ def patch_distance(patcher, closed: dict, opened: dict) -> list[float]:
 
 def log_token(ctx: RunContext, result: dict, **index) -> None:
     idx = dict(index, token=result["step"], token_id=result["token_id"])
-    ctx.log_many(result["logits"], **idx)
+    if result["witness"] is not None:  # the instrumented pass against the witness: 0 when they agree bit for bit
+        ctx.log("witness_vs_instrumented_linf", result["witness_diff"], **idx)
     ctx.log_many({k: result[k] for k in ("one_ulp_patched", "one_ulp_original")}, **idx)
     patched = result["patched"]
     for layer, (rel, stats, more) in enumerate(zip(patched.hidden_rel, patched.layer_stats, result["per_layer"],
                                                    strict=True)):
         ctx.log_many(dict(hidden_rel=rel, dm_linf=stats.dm_linf, **more), layer=layer, **idx)
+
+
+def log_judged(ctx: RunContext, result: dict, reference, **index) -> None:
+    """A token judged against the witness's reference (its uncached with-context forward, patching/witness.py):
+    the patched logits (the witness's forward of the patched tensors for an open loop, the pass's own for a
+    closed loop), the KV-cached with-context logits, and for an open loop each layer's output."""
+    from experiments.patching.compare import logit_comparison, relative_error
+
+    idx = dict(index, token=result["step"], token_id=result["token_id"])
+    want, seen = reference.logits[result["step"]], result["witness"]
+    ctx.log_many(logit_comparison(want, seen.logits if seen is not None else result["patched"].logits), **idx)
+    ctx.log("cached_vs_uncached_logit_linf_rel", logit_comparison(want, result["context"])["logit_linf_rel"], **idx)
+    if seen is not None:
+        for layer, (mine, ref) in enumerate(zip(seen.hidden, reference.hidden, strict=True)):
+            ctx.log("witness_hidden_rel", relative_error(ref[result["step"]], mine), layer=layer, **idx)
