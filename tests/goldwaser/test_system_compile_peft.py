@@ -123,11 +123,10 @@ def no_model_loaded(monkeypatch):
 
 
 @pytest.mark.parametrize("model, what", [
-    ("tiny-gemma3", "the analytic patch of Gemma 3 changes post_feedforward_layernorm.weight (the weight of a "
-                    "Gemma3RMSNorm"),
-    ("tiny-gpt2", "the analytic patch of GPT-2 changes mlp.c_proj.bias (the bias of a Conv1D"),
+    ("tiny-gemma3", "the analytic patch of Gemma 3 changes post_feedforward_layernorm.weight (Gemma3RMSNorm.weight"),
+    ("tiny-gpt2", "the analytic patch of GPT-2 changes mlp.c_proj.bias (Conv1D.bias"),
     # its router is a module of its own, not a Linear (transformers 5), and its experts a stacked tensor
-    ("tiny-mixtral", "the analytic patch of Mixtral changes mlp.gate.weight (the weight of a MixtralTopKRouter"),
+    ("tiny-mixtral", "the analytic patch of Mixtral changes mlp.gate.weight (MixtralTopKRouter.weight"),
 ])
 def test_a_family_whose_analytic_patch_no_lora_holds_is_refused_before_loading(tmp_path, no_model_loaded, model,
                                                                               what):

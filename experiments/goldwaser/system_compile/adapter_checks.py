@@ -55,6 +55,6 @@ def _is_lora_matrix(root: nn.Module, name: str) -> bool:
 
 
 def _what(root: nn.Module, name: str) -> str:
-    """`name` in a few words: a Gemma3RMSNorm's weight, a Conv1D's bias, a MixtralExperts' down_proj."""
+    """`name`'s module class and leaf: Gemma3RMSNorm.weight, Conv1D.bias, MixtralExperts.gate_up_proj."""
     owner, _, leaf = name.rpartition(".")
-    return f"the {leaf} of a {type(root.get_submodule(owner)).__name__}"
+    return f"{type(root.get_submodule(owner)).__name__}.{leaf}"
