@@ -109,6 +109,22 @@ def test_the_adapter_of_a_local_folder_names_its_absolute_path_and_writes_no_bas
     assert got["gap"] <= 1e-4 * got["scale"] and got["base_gap"] > 100 * got["gap"], got  # the bound: above
 
 
+def test_the_base_is_named_by_hub_id_or_absolute_folder_and_written_only_where_no_loader_finds_it(tmp_path,
+                                                                                                   monkeypatch):
+    """adapter_base's choice, without a model: a hub id as it is; a folder given relatively, absolutely; an
+    offline random model, a bundled GGUF and a GGUF file: base/ beside the adapter (written_base says why)."""
+    from experiments.goldwaser.system_compile.adapter_base import base_name, written_base
+
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    assert base_name("Qwen/Qwen2.5-0.5B-Instruct", run) == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert base_name("ckpt", run) == str((tmp_path / "ckpt").resolve())
+    for model in ("tiny-llama", "qwen2.5-0.5b", "gemma-3-270m", "weights/my-model.Q4_K_M.gguf"):
+        assert written_base(model) and base_name(model, run) == str((run / "base").resolve()), model
+    assert written_base("ckpt") is None and written_base("Qwen/Qwen2.5-0.5B-Instruct") is None
+
+
 # -- refusals: one line, exit 2, no run folder, and no model built or loaded ---------------------------
 @pytest.fixture
 def no_model_loaded(monkeypatch):
