@@ -25,11 +25,15 @@ def _means(m: pd.DataFrame, method: str, prompt: str, split: str) -> dict[str, f
     return {name: float(rows[rows["metric"] == name]["value"].mean()) for name in ("kl", "top1", "behaviour")}
 
 
-def usage(folder: Path, cfg: SystemCompileConfig, query: str, max_new: int) -> list[str]:
-    """How to run the checkpoint in stock transformers, without the system prompt."""
+def usage(folder: Path, cfg: SystemCompileConfig, query: str, max_new: int, peft: bool = False) -> list[str]:
+    """How to run the checkpoint (peft: the adapter) in stock transformers, without the system prompt."""
     where = repr(str(folder))
-    head = ["import torch; from transformers import AutoModelForCausalLM, AutoTokenizer",
-            f"m, t = AutoModelForCausalLM.from_pretrained({where}), AutoTokenizer.from_pretrained({where})"]
+    if peft:
+        head = ["from peft import AutoPeftModelForCausalLM; from transformers import AutoTokenizer",
+                f"m, t = AutoPeftModelForCausalLM.from_pretrained({where}), AutoTokenizer.from_pretrained({where})"]
+    else:
+        head = ["import torch; from transformers import AutoModelForCausalLM, AutoTokenizer",
+                f"m, t = AutoModelForCausalLM.from_pretrained({where}), AutoTokenizer.from_pretrained({where})"]
     if cfg.template == "chat":
         encode = (f"enc = t.apply_chat_template([{{'role': 'user', 'content': {query!r}}}], "
                   "add_generation_prompt=True, return_tensors='pt', return_dict=True)")
@@ -77,32 +81,39 @@ def save_checkpoint(cfg: SystemCompileConfig, ctx: RunContext, bundle, ref: Refe
 @torch.no_grad()
 def save_adapter(cfg: SystemCompileConfig, ctx: RunContext, bundle, ref: Reference, gen: Generation, prompt,
                  method: str, change) -> None:
-    """The change as a PEFT LoRA adapter in the run folder (with the tokenizer), loaded back by peft onto the
-    base weights and measured against the in-process compiled model as the checkpoint is."""
-    from experiments.core.atomic import save_pretrained
-    from experiments.goldwaser.system_compile.adapter import PeftOnBase, lora_factors, peft_rank, write_adapter
+    """The change as a PEFT LoRA adapter in the run folder (with the tokenizer, a README.md, and the base model
+    in base/ where no stock loader finds it by name: adapter_base.py), loaded back by peft onto the base weights
+    and measured against the in-process compiled model as the checkpoint is; the model is given back as it was
+    whatever happens (adapter_reload.py)."""
+    from experiments.core.atomic import save_pretrained, write_text_atomic
+    from experiments.goldwaser.system_compile.adapter import lora_factors, peft_rank, write_adapter
+    from experiments.goldwaser.system_compile.adapter_base import base_name, save_base, written_base
+    from experiments.goldwaser.system_compile.adapter_readme import readme
+    from experiments.goldwaser.system_compile.adapter_reload import base_weights, lora_loaded
     from experiments.zoo.quiet import quiet_transformers
 
     folder, model, tok = ctx.run_dir, bundle.model, bundle.tokenizer
-    rank = peft_rank(cfg, method)
-    write_adapter(folder, lora_factors(model, change.originals, rank), rank, cfg.model, ctx.dtype)
+    rank, base, written = peft_rank(cfg, method), base_name(cfg.model, ctx.run_dir), written_base(cfg.model)
+    write_adapter(folder, lora_factors(model, change.originals, rank), rank, base, ctx.dtype)
     with quiet_transformers():
         save_pretrained(tok, folder)
     held = ref.indices("heldout")
     mine = [reply_logits(model, ref.ids[i].plain, ref.replies[i]) for i in held]
     mine_tokens = gen.free(model, [ref.ids[i].plain for i in held])
     worst, kls = 0.0, []
-    with PeftOnBase(model, change.originals, folder) as peft_model:
-        for i, logits in zip(held, mine, strict=True):
-            theirs = reply_logits(peft_model, ref.ids[i].plain, ref.replies[i])
-            worst = max(worst, float((theirs - logits).abs().max()) / max(float(logits.abs().max()), 1e-30))
-            kls.append(float(kl_rows(ref.logits[i], theirs).mean()))
-        peft_tokens = gen.free(peft_model, [ref.ids[i].plain for i in held])
+    with base_weights(model, change.originals):
+        if written is not None:
+            save_base(model, tok, folder)
+        with lora_loaded(model, folder) as peft_model:
+            for i, logits in zip(held, mine, strict=True):
+                theirs = reply_logits(peft_model, ref.ids[i].plain, ref.replies[i])
+                worst = max(worst, float((theirs - logits).abs().max()) / max(float(logits.abs().max()), 1e-30))
+                kls.append(float(kl_rows(ref.logits[i], theirs).mean()))
+            peft_tokens = gen.free(peft_model, [ref.ids[i].plain for i in held])
     same = sum(a == b for a, b in zip(mine_tokens, peft_tokens, strict=True)) / len(held)
-    where = repr(str(folder))
-    use = ["from peft import PeftModel; from transformers import AutoModelForCausalLM, AutoTokenizer",
-           f"m = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), {where})  # BASE: {cfg.model}",
-           f"t = AutoTokenizer.from_pretrained({where})"]
+    use = usage(folder, cfg, ref.ids[held[0]].query, gen.max_new, peft=True)
+    write_text_atomic(folder / "README.md", readme(cfg.model, method, rank, str(ctx.dtype).removeprefix("torch."),
+                                                   prompt.text, base, written, use))
     record(cfg, ctx, ref, gen, prompt, method, (worst, kls, same, peft_tokens), use)
 
 

@@ -102,6 +102,7 @@ def validate(cfg: SystemCompileConfig) -> None:
     """Everything checkable before a run folder exists and before any model is loaded."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.goldwaser.common import check_context_length, check_stop_at_eos, text_only
+    from experiments.goldwaser.system_compile.adapter_checks import check_peft
     from experiments.goldwaser.system_compile.budgets import check_budgets
     from experiments.goldwaser.system_compile.inputs import check_not_default, check_template, encode, split
     from experiments.patching.arch import adapter_for
@@ -140,6 +141,7 @@ def validate(cfg: SystemCompileConfig) -> None:
         check_fixed_patch(adapter)
     if "bake" in methods:
         check_lora_targets(config, list(cfg.lora_targets), cfg.model)
+    check_peft(cfg, config)  # format=peft: a change the adapter could not hold, refused before the model loads
     tok = load_tokenizer(cfg.model)
     check_template(tok, cfg.template, cfg.model)
     for p in prompts:
