@@ -28,7 +28,7 @@ from experiments.core.run_folder import CLAIMS_FILE, FIGURES_DIR, METRICS_FILE
 # `measure` (optional, last) names the number in `measured` in a few symbols, for the console and the
 # report: "log10(control L∞ / patched L∞)". Older claims.csv files have no such column.
 CHECK_COLUMNS = ["id", "ref", "description", "paper_value", "measured", "tolerance", "comparison", "passed"]
-CLAIM_COLUMNS = [*CHECK_COLUMNS, "measure"]
+CLAIM_COLUMNS = [*CHECK_COLUMNS, "measure", "exact"]
 COMPARISONS = ("<=", ">=", "within")
 _CLAIM_ID = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
 METRIC_LEAD_COLUMNS = ["experiment", "run_id", "metric", "value"]
@@ -104,12 +104,14 @@ class RunContext:
 
     # -- claims ----------------------------------------------------------------------------
     def check(self, id: str, ref: str, description: str, measured: Any, comparison: str, tolerance: float,
-              paper_value: float | None = None, measure: str | None = None) -> bool:
+              paper_value: float | None = None, measure: str | None = None, exact: bool = False) -> bool:
         """Record one claim with a stable id (`paper.figure.what`, the same across runs and presets).
 
         `measured` must come from a computation independent of the other side of the claim; NaN fails.
         `measure` says what the number is, short (`log10(control L∞ / patched L∞)`): the console prints
-        `measure = value` with it.
+        `measure = value` with it. `exact`: an exactness claim (equal up to rounding, bit for bit), which holds on
+        any weights, random ones included: `report --strict` never excuses its failure, not even at preset=smoke
+        (where a learning claim may fail).
         """
         if not _CLAIM_ID.match(id):
             raise ValueError(f"claim id {id!r} must look like 'paper.figure.what' (lowercase, dots)")
@@ -129,7 +131,7 @@ class RunContext:
         self._claims.append(dict(id=id, ref=ref, description=description,
                                  paper_value=None if paper_value is None else float(paper_value),
                                  measured=measured, tolerance=tolerance, comparison=comparison, passed=passed,
-                                 measure=measure or ""))
+                                 measure=measure or "", exact=bool(exact)))
         progress.note_done(f"claim {id}")  # an interrupt from here on stops "at experiment (after claim ...)"
         return passed
 

@@ -92,7 +92,8 @@ def record_claims(ctx: RunContext, m: pd.DataFrame, dtype: str, where: str) -> N
     cached_claim(ctx, m, dtype, where.split(",")[0])
     ctx.check("goldwaser.record.export_holds_prompt", REF + " (the with-context side)",
               f"the exported checkpoint's inputs.json names the prompt's own tokens, the context and the query "
-              f"({where})", reduce_metric(m, "holds_prompt", "min"), ">=", 1.0, measure="same tokens (1) or not (0)")
+              f"({where})", reduce_metric(m, "holds_prompt", "min"), ">=", 1.0,
+              measure="same tokens (1) or not (0)", exact=True)
 
 
 def check_claims(ctx: RunContext, check: dict, ctrl: dict, summary: dict, variant, dtype: str, where: str) -> None:
@@ -106,7 +107,7 @@ def check_claims(ctx: RunContext, check: dict, ctrl: dict, summary: dict, varian
     ctx.check(f"{kind}.top1_reproduced", ref,
               f"stock transformers loads the patched checkpoint and, fed the query token alone, picks the "
               f"original model's next token after the whole prompt ({where})", check["top1_match"], ">=", 1.0,
-              measure="top-1 agrees (1) or not (0)")
+              measure="top-1 agrees (1) or not (0)", exact=True)
     # The control: the unpatched model fed the query alone agrees on top-1 about half the time on a trained
     # model, so a top-1 match alone (the only claim in bfloat16) says little. The patched logits must be
     # much closer to the with-context ones than the control's are.
@@ -118,7 +119,7 @@ def check_claims(ctx: RunContext, check: dict, ctrl: dict, summary: dict, varian
     if dtype in ("float32", "float64"):
         ctx.check(f"{kind}.logits_reproduced", ref,
                   f"...and its logits equal the original model's at {dtype}'s rounding level: max |Δlogit| / max "
-                  f"|logit| ({where})", check["logit_linf_rel"], "<=", rounding_bar(dtype))
+                  f"|logit| ({where})", check["logit_linf_rel"], "<=", rounding_bar(dtype), exact=True)
     last = summary.get("last_layer")
     if variant.evidence or last is None:
         return

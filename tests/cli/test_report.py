@@ -293,6 +293,22 @@ def test_smoke_failures_are_expected_and_a_sweep_claim_is_shown_once(tmp_path):
     assert proc.returncode == 1 and "1 claim(s) failed" in proc.stdout
 
 
+def test_a_smoke_runs_failed_exactness_claim_is_never_excused(tmp_path):
+    """Smoke may excuse a learning claim, never an exactness claim (`exact`, a claim that holds on any weights):
+    the witness's fault battery at preset=smoke must fail `--strict`."""
+    root = tmp_path / "results"
+    run = make_run(root / "patch_match" / "smoke", "patch_match", "2026-01-02T00:00:00", preset="smoke",
+                   claims=[claim("goldwaser.fig3.naive_float32_control_differs", 0.5, False)])
+    claims = pd.read_csv(run / "claims.csv")
+    exactness = claim("goldwaser.witness.naive_float32_instrumented_equals_witness", 3e-5, False, tolerance=0.0)
+    pd.concat([claims.assign(exact=False), pd.DataFrame([dict(exactness, exact=True)])]).to_csv(
+        run / "claims.csv", index=False)
+    rep = build_report(root)
+    assert rep.n_failed_claims == 1 and rep.n_expected_failures == 1  # the control claim is excused, not the other
+    proc = run_cli("report", str(root), "--strict")
+    assert proc.returncode == 1 and "1 claim(s) failed" in proc.stdout
+
+
 def test_a_sweeps_jobs_are_in_numeric_order():
     """Job 2 of a sweep is listed before job 10 (a path sort would put 10, 11, ... first)."""
     from pathlib import Path

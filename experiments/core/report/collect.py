@@ -3,7 +3,7 @@
 An unreadable run.json, a corrupt or truncated claims.csv, or claims from an older version without ids
 each become one line, and the rest is still reported: a report is most needed when something broke.
 A claim that fails in a preset=smoke run is marked as expected there (smoke checks the code, not the
-science) and is not counted by `--strict`.
+science) and is not counted by `--strict`, but for an exactness claim (`exact`), which no preset excuses.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class Report:
 
     @property
     def n_failed_claims(self) -> int:
-        """Failed claims that count (for --strict): not those of preset=smoke runs, which are expected."""
+        """Failed claims that count (for --strict): not those of preset=smoke runs, which are expected, but for
+        exactness claims (`exact`), which hold on any weights and are never excused."""
         rows = self.shown
         return int((~rows["passed"] & ~rows["expected"]).sum()) if len(rows) else 0
 
@@ -65,7 +66,7 @@ class Report:
 def fold_jobs(claims: pd.DataFrame) -> pd.DataFrame:
     """One row per (experiment, run or sweep, claim id): a sweep's jobs folded, measured_min / measured_max
     over them, passed only if every job passed, `jobs` and `jobs_passed` counted; `expected` marks a
-    failure of a preset=smoke run (expected there, not counted by --strict)."""
+    failure of a preset=smoke run (expected there, not counted by --strict) but an exactness claim's."""
     columns = [*CLAIMS_SHOWN, "measured_min", "measured_max", "jobs", "jobs_passed", "expected", *SEED_SHOWN]
     if claims.empty:
         return pd.DataFrame(columns=columns)
@@ -75,7 +76,7 @@ def fold_jobs(claims: pd.DataFrame) -> pd.DataFrame:
         passed = bool(group["passed"].all())
         first.update(measured_min=group["measured"].min(), measured_max=group["measured"].max(),
                      jobs=len(group), jobs_passed=int(group["passed"].sum()), passed=passed,
-                     expected=not passed and first["preset"] == SMOKE,
+                     expected=not passed and first["preset"] == SMOKE and not bool(first.get("exact")),
                      job=",".join(j for j in group["job"] if j),
                      model=", ".join(dict.fromkeys(m for m in group["model"] if m)))  # a sweep's models, once
         if bool(group.get("over_seeds", pd.Series([False])).iloc[0]) and len(group) > 1:  # core/seeds.py
@@ -84,7 +85,7 @@ def fold_jobs(claims: pd.DataFrame) -> pd.DataFrame:
             first.update(measured=mean, measured_lo=lo, measured_hi=hi, over_seeds=True,
                          seeds=",".join(str(s) for s in group["seed"]),
                          passed=first["jobs_passed"] >= math.ceil(quorum * len(group) - 1e-9))
-            first["expected"] = not first["passed"] and first["preset"] == SMOKE
+            first["expected"] = not first["passed"] and first["preset"] == SMOKE and not bool(first.get("exact"))
         rows.append(first)
     return pd.DataFrame(rows).reindex(columns=columns)  # the seed columns only where a sweep is over seeds
 
@@ -110,7 +111,10 @@ def read_run_claims(run: Run, root: Path, problems: list[str]) -> pd.DataFrame |
         return None
     if "measure" not in frame.columns:  # written before claims said what their number is
         frame["measure"] = ""
+    if "exact" not in frame.columns:  # written before exactness claims were told apart
+        frame["exact"] = False
     frame = frame[CLAIM_COLUMNS].copy()
+    frame["exact"] = frame["exact"].astype(str) == "True"
     frame["measure"] = frame["measure"].fillna("").astype(str)
     broken = frame["id"].isna() | frame["passed"].isna() | ~frame["passed"].astype(str).isin(["True", "False"])
     broken |= ~frame["comparison"].isin(["<=", ">=", "within"])

@@ -246,7 +246,7 @@ def _witness_claims(ctx, m, dtype: str, where: str, variant: str, tag: str) -> N
     ctx.check(f"goldwaser.witness.{variant}{tag}_{dtype}_instrumented_equals_witness", REF + " (the witness)",
               f"the instrumented patched pass (the per-layer statistics and gains) equals the witness's hook-free "
               f"forward of the same patched tensors bit for bit: max |Δ| over the logits and every layer's output, "
-              f"every token ({where}, {dtype}){note}", diff, "<=", 0.0)
+              f"every token ({where}, {dtype}){note}", diff, "<=", 0.0, exact=True)
 
 
 def _exact_open_loop_claims(ctx, m, dtype: str, where: str, variant: str, tag: str) -> None:
@@ -258,7 +258,8 @@ def _exact_open_loop_claims(ctx, m, dtype: str, where: str, variant: str, tag: s
     ctx.check(f"goldwaser.alg1.{variant}{tag}_{dtype}_every_layer", ref,
               f"the open loop's every layer within {dtype}'s bar: max relative error of every layer's output in the "
               f"witness's patched forward against its uncached with-context forward, over layers and tokens; a "
-              f"token not a number fails it ({where})", worst_error(m, dtype, variant), "<=", LAYER_EXACT[dtype])
+              f"token not a number fails it ({where})", worst_error(m, dtype, variant), "<=", LAYER_EXACT[dtype],
+              exact=True)
     ctx.check(f"goldwaser.alg1.{variant}{tag}_{dtype}_every_layer_control", ref + " (control)",
               f"the control: the unpatched model without the context is far from the with-context layers; log10 of "
               f"its median per-layer distance over the open loop's largest ({where}, {dtype})",
@@ -309,7 +310,7 @@ def _scale_rule_amplifies(ctx, m, dtypes: list[str], where: str, n_layers: int, 
         ctx.check(f"goldwaser.alg1.{naive}{tag}_float64_first_layer_at_rounding", REF + ", Thm 10",
                   f"in float64 the open loop's first layer is at float64's rounding level (the error the later layers "
                   f"amplify starts there): max relative error of layer 0's output against the record over tokens "
-                  f"({where})", worst_error(m, "float64", naive, layer=0), "<=", rounding_bar("float64"))
+                  f"({where})", worst_error(m, "float64", naive, layer=0), "<=", rounding_bar("float64"), exact=True)
     if "float64" in dtypes and n_layers > 1:
         # in float64 and float32 alike (the smaller of the two): the amplification is the algorithm's, not
         # float32 rounding's, and a bug common to both dtypes that leaves it flat fails
@@ -334,7 +335,7 @@ def _matrix_rule_does_not(ctx, m, dtypes: list[str], where: str, rule: OutputRul
         ctx.check(f"goldwaser.alg1.{naive}{tag}_{dtype}_every_layer_at_rounding", f"{REF}, {rule}",
                   f"the open loop's every layer at {dtype}'s rounding level: max relative error of every layer's "
                   f"output against the record, over layers and tokens; a token not a number fails it ({where})",
-                  worst_error(m, dtype, naive), "<=", rounding_bar(dtype))
+                  worst_error(m, dtype, naive), "<=", rounding_bar(dtype), exact=True)
     if "float64" in dtypes:
         ctx.check(f"goldwaser.alg1.{naive}{tag}_float64_not_amplified", f"{REF}, {rule}",
                   f"in float64 the open loop's error is not amplified: decades by which it grows beyond the sum of "

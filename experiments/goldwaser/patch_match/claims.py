@@ -73,7 +73,7 @@ def cached_claim(ctx: RunContext, m: pd.DataFrame, dtype, model: str) -> None:
     ctx.check(f"goldwaser.record.{name}_cached_equals_uncached", SOURCE + " (the with-context side)",
               f"the KV-cached with-context logits equal the witness's uncached forward of the prompt and reply so "
               f"far, every step: max |Δlogit| / max |logit| ({model}, {name}){note}", value, "<=",
-              CACHED_ROUNDING[name])
+              CACHED_ROUNDING[name], exact=True)
 
 
 def _evidence_claims(ctx, m, dtype, variant, control, model, tag) -> None:
@@ -88,18 +88,19 @@ def _evidence_claims(ctx, m, dtype, variant, control, model, tag) -> None:
     ctx.check(f"goldwaser.witness.{tag}_{name}_instrumented_equals_witness", SOURCE + " (the witness)",
               f"the instrumented patched pass (the one that gives the per-layer statistics) equals the witness's "
               f"hook-free forward of the same patched tensors bit for bit: max |Δ| over the logits and every "
-              f"layer's output, every token ({where}){diff_note}", diff, "<=", 0.0)
+              f"layer's output, every token ({where}){diff_note}", diff, "<=", 0.0, exact=True)
     layer, layer_note = judged(m, "witness_hidden_rel")
     ctx.check(f"goldwaser.table1.{tag}_{name}_every_layer", TABLE1,
               f"every layer's output in the witness's patched forward against its uncached with-context forward: "
-              f"max |Δ| / max |x_l| over layers and tokens ({where}){layer_note}", layer, "<=", LAYER_EXACT[name])
+              f"max |Δ| / max |x_l| over layers and tokens ({where}){layer_note}", layer, "<=", LAYER_EXACT[name],
+              exact=True)
     if name in ("float32", "float64"):
         ctx.check(f"goldwaser.fig3.{tag}_{name}_top1_match", SOURCE + " Fig 3",
                   f"patched model without context picks the same top-1 token as the model with it, "
-                  f"every generated token, % ({where}){match_note}", match, ">=", 100.0, paper_value=100.0)
+                  f"every generated token, % ({where}){match_note}", match, ">=", 100.0, paper_value=100.0, exact=True)
         ctx.check(f"goldwaser.table1.{tag}_{name}_rounding", TABLE1,
                   f"next-token logits at rounding level: max |Δlogit| / max |logit| over all tokens "
-                  f"({where}){rel_note}", rel, "<=", rounding_bar(name))
+                  f"({where}){rel_note}", rel, "<=", rounding_bar(name), exact=True)
     elif name == "bfloat16":
         paper = PAPER_BF16_MATCH.get(variant)
         bar = paper if paper is not None else BEST_BF16_MATCH  # conditioned: the paper's best
