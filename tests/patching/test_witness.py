@@ -1,0 +1,90 @@
+"""The witness (patching/witness.py): a second instance of the model the pipeline cannot reach, sharing its
+parameters; and the refusals of a model someone else has hooked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from experiments.patching.patcher import Patcher
+from experiments.patching.witness import HookFound, Witness, foreign_hooks
+from experiments.zoo.loading import load_model
+from experiments.zoo.prompts import encode_prompt
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_model("tiny-llama", torch.float64, "cpu", seed=0)
+
+
+def _witness(bundle) -> tuple[Patcher, Witness]:
+    patcher = Patcher(bundle.model, "naive")
+    return patcher, Witness(bundle.model, patcher.adapter.layers, patcher.logit_dtype)
+
+
+def test_the_witness_is_fresh_modules_over_the_same_tensors(llama):
+    _, witness = _witness(llama)
+    mine = dict(witness.twin.named_modules())
+    for name, module in llama.model.named_modules():
+        assert mine[name] is not module  # fresh module objects: no hook on the model's reaches them
+    theirs = dict(witness.twin.named_parameters())
+    for name, p in llama.model.named_parameters():
+        assert theirs[name] is p  # the same tensors: the witness costs activations only
+    for (name, b), (_, b2) in zip(llama.model.named_buffers(), witness.twin.named_buffers(), strict=True):
+        assert b2 is b, name
+
+
+def test_its_reference_is_the_models_uncached_forward_and_its_patched_pass_the_instrumented_one(llama):
+    """The reference equals an uncached forward of the same sequence (float64: to rounding); the witness's forward
+    of the patched tensors equals the instrumented pass bit for bit; and leaves no hook behind."""
+    from experiments.patching.generate import compare_generation, reference_for
+
+    patcher, witness = _witness(llama)
+    inputs = encode_prompt(llama, "Hi there.")
+    steps = list(compare_generation(patcher, inputs, 3, witness=witness))
+    ref = reference_for(witness, inputs, steps)
+    for st in steps:
+        assert st.witness_diff == 0.0
+        rel = float((ref.logits[st.step] - st.context).abs().max() / ref.logits[st.step].abs().max())
+        assert rel < 1e-12  # the cached with-context step against the uncached forward, float64
+        assert len(st.witness.hidden) == len(ref.hidden) == len(patcher.layers)
+    assert foreign_hooks(llama.model) == [] and foreign_hooks(witness.twin) == []
+
+
+def test_a_hook_someone_else_placed_is_refused_naming_it(llama):
+    """A notebook's forward hook (or a replay pre-hook) on the model, or torch's global module hook: the witness
+    will not be built, or will not run, and says which hook it found."""
+    from experiments.patching.generate import compare_generation
+
+    def spy(_m, _args, _out):
+        return None
+
+    handle = llama.model.model.layers[1].register_forward_hook(spy)
+    try:
+        with pytest.raises(HookFound, match=r"model\.layers\.1 forward_hook: .*spy"):
+            _witness(llama)
+    finally:
+        handle.remove()
+    patcher, witness = _witness(llama)
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: None)
+    try:
+        with pytest.raises(HookFound, match="torch global forward_pre_hooks"):
+            witness.audit()
+    finally:
+        handle.remove()
+    handle = llama.model.model.layers[0].register_forward_pre_hook(lambda m, a: None)  # placed after it was built
+    try:
+        with pytest.raises(HookFound, match=r"the model has a hook .* model\.layers\.0 forward_pre_hook"):
+            next(compare_generation(patcher, encode_prompt(llama, "Hi there."), 1, witness=witness))
+    finally:
+        handle.remove()
+
+
+def test_a_model_too_large_for_a_second_set_of_activations_is_one_line(llama, monkeypatch):
+    from experiments.patching import witness as module
+
+    _, witness = _witness(llama)
+    monkeypatch.setattr(module, "available_bytes", lambda device: 1024)
+    with pytest.raises(MemoryError, match=r"the witness's reference forward of 5000 tokens needs about .* GiB .*"
+                                          r"0\.0 GiB are free on cpu"):
+        witness.check_memory(5000, 100, torch.device("cpu"))
