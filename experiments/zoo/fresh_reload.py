@@ -34,7 +34,6 @@ def fresh_logits(folder: Path, query_id: int, dtype: torch.dtype, device: torch.
 def _main(folder: str, query_id: str, dtype: str, device: str, out: str) -> None:
     from transformers import AutoConfig
 
-    from experiments.patching.compare import comparable
     from experiments.zoo.float64 import reload_float64
     from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
@@ -44,7 +43,8 @@ def _main(folder: str, query_id: str, dtype: str, device: str, out: str) -> None
         model = reload_float64(folder, getattr(torch, dtype), **implementation_kwargs(config)).to(device)
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[int(query_id)]], device=device)).logits[0, -1]
-    torch.save(comparable(logits).cpu(), out)
+    # compared in float64 for a float64 model, in float32 otherwise (patching/compare.logit_dtype)
+    torch.save(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32).cpu(), out)
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ def test_existing_non_empty_out_folder_is_refused_and_left_alone(tmp_path):
 
 
 # -- the claims can fail --------------------------------------------------------------------------------
-def _claims_for(tmp_path, fitted_error: float, reload_top1: float) -> pd.DataFrame:
+def _claims_for(tmp_path, fitted_error: float, reload_top1: float, drift_at: int = -1) -> pd.DataFrame:
     from experiments.goldwaser.context_compile.claims import check_claims
 
     ctx = RunContext(run_dir=tmp_path, experiment="context_compile", run_id="t", dtype=torch.float32)
@@ -127,6 +127,7 @@ def _claims_for(tmp_path, fitted_error: float, reload_top1: float) -> pd.DataFra
                 **base)
         ctx.log("top1_match", 0.0, method="control", position=i, **base)
         ctx.log("reload_top1_match", reload_top1, k=2, position=i, **base)
+        ctx.log("cached_vs_uncached_logit_linf_rel", 0.3 if i == drift_at else 1e-7, position=i, **base)
     for i in range(2):
         ctx.log("logit_linf_rel", 0.01, method="perturbed", k=2, fitted=1, position=i, **base)
     cfg = OmegaConf.create(dict(model="tiny-llama", k=2, sweep=[], heldout=4, margin=0.1))
@@ -140,6 +141,16 @@ def test_claims_pass_on_an_exact_fit_and_fail_on_a_broken_one(tmp_path):
     bad = _claims_for(tmp_path, 1e-2, 0.5)
     assert not bool(bad.loc["context_compile.construction.fit_exact_k2", "passed"])
     assert not bool(bad.loc["context_compile.checkpoint.reproduced", "passed"])
+
+
+def test_a_reply_whose_cache_drifted_from_its_uncached_forward_fails_the_record_claim(tmp_path):
+    """The reply's KV-cached logits against the uncached reference every fit is judged by: one position off
+    (a cache or prompt gone wrong) fails the claim, an exactness claim that preset=smoke does not excuse."""
+    good = _claims_for(tmp_path / "good", 1e-7, 1.0)
+    record = "goldwaser.record.float32_cached_equals_uncached"
+    assert good.loc[record, "passed"] and good.loc[record, "exact"]
+    bad = _claims_for(tmp_path / "bad", 1e-7, 1.0, drift_at=3)
+    assert not bad.loc[record, "passed"] and bad.drop(record)["passed"].all()
 
 
 # -- the real model -------------------------------------------------------------------------------------

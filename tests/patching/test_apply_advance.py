@@ -115,4 +115,5 @@ def test_layer_errors_measures_the_action_like_the_written_weights_in_float64(ic
     for name in ("one_ulp_patched", "hidden_rel"):  # both at float64's rounding level with either
         assert len(values["action", name]) and abs(values["action", name]).max() < 1e-12
     claims = pd.read_csv(tmp_path / "action" / "claims.csv")
-    assert claims["id"].str.contains("naive_action_float64").all() and claims["passed"].all()
+    mine = claims[~claims["id"].str.startswith("goldwaser.record.")]  # (the with-context side's: no variant)
+    assert mine["id"].str.contains("naive_action_float64").all() and claims["passed"].all()

@@ -82,9 +82,13 @@ def test_newer_families_without_adapter_files_patch_exactly_in_float64_through_t
     layer goes on after v + g with the token's own data (Gemma 4's per-layer inputs and layer scalar): the
     query alone brings the same data, and the patch makes v + g what it was after the context; and where
     a router and experts beside the MLP read their own norms of v (Gemma 4's MoE sizes): each matrix's
-    input update reads its own input."""
+    input update reads its own input. Judged by the witness's uncached forward of the whole sequence: Qwen3-Next's
+    gated delta rule and its gated norm compute in float32 in transformers (`.to(torch.float32)`), so its
+    float64 run is float32 there and its uncached prompt forward (chunked) and the cached step (recurrent)
+    round apart at ~3e-6: bounded by float32's bar, a known float32 island, not float64's."""
+    float32_islands = {"qwen3_next": 1e-4}
     for name, m in float64_open_loop(icl, folders, list(NEW), tmp_path / "sweep").items():
-        assert_patched_exactly(m, name, 1e-9)
+        assert_patched_exactly(m, name, float32_islands.get(name, 1e-11))
         assert m["family"].iloc[0] == f"structural ({SIZES.get(name, name)})"
 
 
