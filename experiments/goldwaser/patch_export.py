@@ -87,7 +87,7 @@ def record_claims(ctx: RunContext, m: pd.DataFrame, dtype: str, where: str) -> N
     """The with-context side: the cached pass the patch was computed from against the witness's uncached
     forward of the prompt asked for, and the checkpoint's inputs.json naming that prompt's tokens."""
     from experiments.core.reduce import reduce_metric
-    from experiments.goldwaser.patch_match.claims import cached_claim
+    from experiments.goldwaser.record_claim import cached_claim
 
     cached_claim(ctx, m, dtype, where.split(",")[0])
     ctx.check("goldwaser.record.export_holds_prompt", REF + " (the with-context side)",

@@ -25,7 +25,7 @@ def check_claims(cfg: ContextCompileConfig, ctx: RunContext, m: pd.DataFrame) ->
     dtype = dtype_name(ctx.dtype)
     rule = adapter_for(str(m["model_type"].dropna().iloc[0])).rule
     where = f"{cfg.model}, {dtype}"
-    from experiments.goldwaser.patch_match.claims import cached_claim
+    from experiments.goldwaser.record_claim import cached_claim
 
     cached_claim(ctx, m, dtype, cfg.model)  # the reply's cached logits against the uncached reference
     pos = m[m["metric"].isin(["top1_match", "logit_linf_rel"])]

@@ -232,7 +232,7 @@ def check_claims(ctx, m: pd.DataFrame, tag: str = "") -> None:
 def _record_claims(ctx, m: pd.DataFrame, dtypes: list[str]) -> None:
     """The with-context side, per dtype: the KV-cached logits the targets come from against the witness's
     uncached forward of the prompt and reply (a cache or a prompt gone wrong shows here)."""
-    from experiments.goldwaser.patch_match.claims import cached_claim
+    from experiments.goldwaser.record_claim import cached_claim
 
     model = f"{m['model'].iloc[0]}" if "model" in m and len(m) else ""
     for dtype in dtypes:

@@ -12,7 +12,8 @@ from experiments.core.reduce import judged, reduce_metric
 from experiments.core.results import RunContext
 from experiments.core.runtime import dtype_name
 from experiments.goldwaser.paper import BEST_BF16_MATCH, PAPER_BF16_MATCH
-from experiments.patching.compare import CACHED_ROUNDING, LAYER_EXACT, RECORD_DECADES, rounding_bar
+from experiments.goldwaser.record_claim import cached_claim
+from experiments.patching.compare import LAYER_EXACT, RECORD_DECADES, rounding_bar
 from experiments.patching.kinds import ACTION, ADVANCE_CONTEXT, ADVANCE_PATCHED, MATERIALIZED
 from experiments.patching.variants import VARIANTS
 
@@ -62,18 +63,6 @@ def _routing_changed(m: pd.DataFrame) -> float:
     measured: an MoE run that logged none has shown nothing."""
     rows = m.loc[m["metric"] == "routing_changed", "value"]
     return float(rows.sum()) if len(rows) else math.nan
-
-
-def cached_claim(ctx: RunContext, m: pd.DataFrame, dtype, model: str) -> None:
-    """The with-context side against itself: at every step, the KV-cached logits (the pass the targets and the
-    record are taken in) against the witness's uncached forward of the whole sequence. A bug upstream of the
-    targets (the cache, the positions, the prompt) shows here."""
-    name = dtype_name(dtype)
-    value, note = judged(m, "cached_vs_uncached_logit_linf_rel")
-    ctx.check(f"goldwaser.record.{name}_cached_equals_uncached", SOURCE + " (the with-context side)",
-              f"the KV-cached with-context logits equal the witness's uncached forward of the prompt and reply so "
-              f"far, every step: max |Δlogit| / max |logit| ({model}, {name}){note}", value, "<=",
-              CACHED_ROUNDING[name], exact=True)
 
 
 def _evidence_claims(ctx, m, dtype, variant, control, model, tag) -> None:
