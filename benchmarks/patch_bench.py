@@ -18,7 +18,9 @@ CUDA context are not counted). Modes, time per token (the prefill not counted):
 - patched: patched generation (`generate.patched_generate`): the patched model, fed only its own tokens,
   picks every token; the with-context decoder body (KV-cached, no LM head) gives the targets; median;
 - compare: the patch_match experiment's step (`generate.compare_generation`, no control): the same plus
-  the with-context logits it compares against; median.
+  the with-context logits it compares against; median. For an open loop also the witness's forward of the
+  patched tensors (`witness_ms`, outside the patched time) beside one forward of the query alone
+  (`query_forward_ms`): the witness may cost one such forward a token (patching/witness.py).
 `--apply`: how a matrix's rank-1 patch reaches the forward (patcher.py): materialized (W + ΔW rounded, written)
 and/or action (W untouched, c (vᵀz) added to the module's output; the open loop only). Prints a table; not a test.
 """
@@ -128,6 +130,7 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
 
     from experiments.patching.generate import compare_generation, patched_generate
     from experiments.patching.patcher import Patcher
+    from experiments.patching.witness import Witness
 
     held = meter.reset_peak()
     parts: dict = {}
@@ -146,10 +149,20 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
             if mode == "patched":
                 steps = list(patched_generate(patcher, inputs, tokens + 1))[1:]  # the first step warmed up
                 times, context = [st.ms for st in steps], [st.context_ms for st in steps]
-            else:
-                steps = list(compare_generation(patcher, inputs, tokens + 1, control=False))[1:]
+            else:  # as patch_match runs it: an open loop's patched tensors also through the witness
+                witness = Witness(bundle.model, patcher.adapter.layers, patcher.logit_dtype)
+                steps = list(compare_generation(patcher, inputs, tokens + 1, control=False, witness=witness))[1:]
                 times, context = [st.patched_ms for st in steps], [st.baseline_ms for st in steps]
             parts = {"context_ms": median(context), "patch_ms": median([st.patch_ms for st in steps])}
+            if mode == "compare" and patcher.variant.evidence:  # the witness against one query forward
+                query = inputs["input_ids"][:, -1:]
+                patcher.control_logits(query)
+                forwards = []
+                for _ in range(REPEATS):
+                    t0 = meter.now()
+                    patcher.control_logits(query)
+                    forwards.append(1000 * (meter.now() - t0))
+                parts.update(witness_ms=median([st.witness_ms for st in steps]), query_forward_ms=median(forwards))
     return {"mode": mode, "variant": None if mode == "generate" else variant,
             "apply": None if mode == "generate" else apply, "ms_per_token": median(times),
             "mean_ms": sum(times) / len(times), **parts, "peak_mb": meter.peak_mb(), "after_load_mb": held,
@@ -210,6 +223,10 @@ def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
         if "error" not in r:
             print(f"{r['mode']} {r['variant']} {r.get('apply')}: with-context step {r['context_ms']:.1f} ms + patches "
                   f"and patched forward {r['patch_ms']:.1f} ms (medians)")
+            if "witness_ms" in r:
+                ratio = r["witness_ms"] / r["query_forward_ms"]
+                print(f"  the witness: {r['witness_ms']:.1f} ms a token, {ratio:.2f}× one forward of the query alone "
+                      f"({r['query_forward_ms']:.1f} ms); not in the patched time")
     time_x, memory_x = TARGETS.get(args.model, DEFAULT_TARGET)
     print(f"targets: patched time ≤ {time_x}× stock generate, peak memory ≤ {memory_x}×")
 

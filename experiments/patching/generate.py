@@ -51,6 +51,7 @@ class Step:
     query_id: int = -1  # the token this step's query is
     witness: WitnessPass | None = None  # an open loop's patched tensors run by the witness (witness.py)
     witness_diff: float = math.nan  # max |instrumented − witness| over the logits and every layer's output
+    witness_ms: float = 0.0  # the witness's forward of the patched tensors (and its audit), not in patch_ms
 
     @property
     def patched_ms(self) -> float:
@@ -120,7 +121,9 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
         keep = {} if stock_at(step) else None
         patched = patcher.patched_pass(query, ctx, keep=keep)
         patch_ms = _ms(t0)
+        t0 = _now()
         seen, diff = witnessed(witness, query, patched)
+        witness_ms = _ms(t0)
         t0 = _now()
         ctrl = patcher.control_pass(query, ctx.record) if control else None
         control_ms = _ms(t0) if control else 0.0
@@ -129,7 +132,7 @@ def compare_generation(patcher: Patcher, inputs: dict, max_new_tokens: int,
         token, patched_token = choose(ctx.logits, patched.logits)
         taken = patched_token if advance == ADVANCE_PATCHED else token
         yield Step(step, token, patched_token, ctx.logits, patched, ctrl, baseline_ms, patch_ms, control_ms, stock,
-                   last, int(query.reshape(-1)[-1]), seen, diff)
+                   last, int(query.reshape(-1)[-1]), seen, diff, witness_ms)
         if stop_ids and taken in stop_ids:
             break
         query = torch.tensor([[taken]], device=ids.device)
