@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.modules import module as torch_module
 
+from experiments.core.errors import UserError
 from experiments.patching.capture import first_output
 from experiments.zoo.float64 import float64_forward
 
@@ -121,8 +122,9 @@ class Witness:
         refuse_hooks(self.model, "model")
 
     def check_memory(self, length: int, steps: int, device: torch.device) -> None:
-        """Refuse, naming the memory, a reference forward whose activations cannot fit: `length` tokens through
-        every layer (residual, MLP and attention scores), the kept per-layer outputs, and `steps` rows of logits."""
+        """Refuse (UserError: one line), before the prompt is generated and naming the memory, a reference
+        forward whose activations cannot fit: `length` tokens through every layer (residual, MLP and attention
+        scores), the kept per-layer outputs, and `steps` rows of logits."""
         cfg = getattr(self.twin.config, "text_config", None) or self.twin.config
         d = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0)
         inner = getattr(cfg, "intermediate_size", None) or 4 * d
@@ -132,7 +134,7 @@ class Witness:
                 + steps * cfg.vocab_size * 8)
         free = available_bytes(device)
         if free is not None and need > free:
-            raise MemoryError(f"the witness's reference forward of {length} tokens needs about {need / 2**30:.1f} "
+            raise UserError(f"the witness's reference forward of {length} tokens needs about {need / 2**30:.1f} "
                               f"GiB of activations beside the model; {free / 2**30:.1f} GiB are free on "
                               f"{device.type}: shorten the prompts or max_new_tokens")
 

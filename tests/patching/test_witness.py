@@ -85,6 +85,8 @@ def test_a_model_too_large_for_a_second_set_of_activations_is_one_line(llama, mo
 
     _, witness = _witness(llama)
     monkeypatch.setattr(module, "available_bytes", lambda device: 1024)
-    with pytest.raises(MemoryError, match=r"the witness's reference forward of 5000 tokens needs about .* GiB .*"
+    from experiments.core.errors import UserError
+
+    with pytest.raises(UserError, match=r"the witness's reference forward of 5000 tokens needs about .* GiB .*"
                                           r"0\.0 GiB are free on cpu"):
         witness.check_memory(5000, 100, torch.device("cpu"))
