@@ -67,6 +67,10 @@ FAULTS = {
     # the vector updates (Gemma 3's post-MLP norm scale, Thm 10): each Δ scaled by 1 + 1e-3
     "vector_scaled_1e-3": ("gemma3_naive_float32", "gemma3_stable_float32", "gemma3_conditioned_float32",
                            "layer_errors_gemma3"),
+    # every patched tensor its original value: no claim may pass a patch that is not there
+    "patch_zeroed": OPEN_LOOP,
+    # the export's inputs.json names other tokens than the prompt it was patched for
+    "export_names_other_prompt": ("patch_export_float64",),
 }
 
 
@@ -172,18 +176,27 @@ def inject(monkeypatch, fault: str) -> None:
         monkeypatch.setattr(Patcher, "open_loop_pass",
                             lambda self, query, step, keep, variant: broken(open_loop_pass, self, query, step, keep,
                                                                              variant))
-    elif fault == "vector_scaled_1e-3":
+    elif fault in ("vector_scaled_1e-3", "patch_zeroed"):
         tensors = Patcher.open_loop_tensors
+        zeroed = fault == "patch_zeroed"
 
-        def scaled_vectors(self, query, step, variant=None):
+        def changed(self, query, step, variant=None):
             out, stats = tensors(self, query, step, variant)
             params = dict(self.model.named_parameters())
             for name, t in out.items():
-                if t.dim() == 1:  # W + Δ -> W + (1 + 1e-3) Δ
+                if zeroed:  # W + Δ -> W
+                    t.copy_(params[name])
+                elif t.dim() == 1:  # W + Δ -> W + (1 + 1e-3) Δ, vectors only
                     t.copy_(params[name] + (t - params[name]) * (1.0 + 1e-3))
             return out, stats
 
-        monkeypatch.setattr(Patcher, "open_loop_tensors", scaled_vectors)
+        monkeypatch.setattr(Patcher, "open_loop_tensors", changed)
+    elif fault == "export_names_other_prompt":
+        from experiments.patching import export
+
+        patch_prompt = export.patch_prompt
+        monkeypatch.setattr(export, "patch_prompt", lambda *a, **kw: dataclasses.replace(
+            patch_prompt(*a, **kw), context_ids=_other_ids(patch_prompt(*a, **kw).context_ids)))
     elif fault == "fixed_patch_zeroed":
         monkeypatch.setattr(fixed_patch, "_write", lambda P, delta: None)
     else:
@@ -248,13 +261,21 @@ _PATCHED_PASS_FAULTS = {"replayed_by_prehook": _replayed_by_prehook, "logits_fro
 def main(fault: str, out: str, *runs: str) -> None:
     """Run `runs` with `fault` put in ("honest": none), each run's claims into OUT/RUN.csv. A run the fault
     makes refuse (a value check of the pipeline's own raising) writes no claims and its one-line reason into
-    OUT/RUN.refused: nothing it would have claimed passes. An honest run must not refuse."""
+    OUT/RUN.refused: nothing it would have claimed passes (the catch table says "refused"). An honest run must
+    not refuse."""
     import pandas as pd
 
     from experiments.core.errors import UserError
+    from experiments.zoo.loading import load_model
     from tests.helpers.in_process import run_claims
 
     folder = Path(out)
+    # each model's adapter is checked against its stock layers once a process, when it is first loaded
+    # (patching/arch/check.py): loaded here before the fault goes in, so that the fault reaches the claims. Put in
+    # first, a fault in the rank-1 update or Lemma 6 makes that check refuse the run: a second line of defence,
+    # but one that would leave the claims untested
+    for name in sorted({o.split("=", 1)[1] for run in runs for o in RUNS[run] if o.startswith("model=")}):
+        load_model(name, torch.float64, "cpu", seed=0)
     with pytest.MonkeyPatch.context() as mp:
         if fault != "honest":
             inject(mp, fault)
