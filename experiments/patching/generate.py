@@ -10,6 +10,10 @@ hidden states and the record is reported (`hidden_linf`, `hidden_rel`). Beside i
 unpatched model on the query alone (its logits, and its per-layer distance to the record), and for a
 closed loop its own control, the closed loop at the last layer alone (`closed_loop_last`).
 
+With a witness (witness.py), an open loop's patched tensors also run through a hook-free twin of the model,
+which must give the instrumented pass's logits and layer outputs bit for bit, and after each prompt the twin's
+uncached forward of prompt and reply is the reference every evidence claim judges by (`reference_for`).
+
 `patched_generate` is the other direction: the patched model picks every token (and so the next
 query); the with-context pass runs only as far as the per-layer targets, without its LM head.
 
@@ -145,10 +149,12 @@ def witnessed(witness: Witness | None, query: Tensor, patched: PatchedPass) -> t
     if witness is None or patched.tensors is None:
         return None, math.nan
     seen = witness.patched(query, patched.tensors, patched.actions)
-    pairs = [(patched.logits, seen.logits), *zip(patched.outputs, seen.hidden, strict=True)]
-    diffs = torch.stack([(a.double() - b.double()).abs().max() for a, b in pairs])
+    outputs, patched.outputs = patched.outputs, []
     patched.tensors = patched.actions = None
-    patched.outputs = []
+    if len(outputs) != len(seen.hidden):  # a pass that did not report every layer equals nothing
+        return seen, math.inf
+    pairs = [(patched.logits, seen.logits), *zip(outputs, seen.hidden, strict=True)]
+    diffs = torch.stack([(a.double() - b.double()).abs().max() for a, b in pairs])
     return seen, float(diffs.max()) if not bool(diffs.isnan().any()) else math.nan
 
 

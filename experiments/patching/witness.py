@@ -114,7 +114,6 @@ class Witness:
         shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
         self.twin = copy.deepcopy(model, memo=shared)
         self.layers = layers(self.twin)
-        self.placed: list = []
 
     def audit(self) -> None:
         """Refuse if either model, or torch's global hooks, holds a hook the witness did not place."""
@@ -135,8 +134,8 @@ class Witness:
         free = available_bytes(device)
         if free is not None and need > free:
             raise UserError(f"the witness's reference forward of {length} tokens needs about {need / 2**30:.1f} "
-                              f"GiB of activations beside the model; {free / 2**30:.1f} GiB are free on "
-                              f"{device.type}: shorten the prompts or max_new_tokens")
+                            f"GiB of activations beside the model; {free / 2**30:.1f} GiB are free on "
+                            f"{device.type}: shorten the prompts or max_new_tokens")
 
     @contextmanager
     def _reading(self, where: Callable[[Tensor], Tensor]):
