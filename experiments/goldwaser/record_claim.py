@@ -14,13 +14,13 @@ from experiments.patching.compare import CACHED_ROUNDING
 SOURCE = "Goldwaser §4.2"
 
 
-def cached_claim(ctx: RunContext, m: pd.DataFrame, dtype, model: str) -> None:
+def cached_claim(ctx: RunContext, m: pd.DataFrame, dtype, model: str, prefix: str = "goldwaser") -> None:
     """The with-context side against itself: at every step, the KV-cached logits (the pass the targets and the
     record are taken in) against the witness's uncached forward of the whole sequence. A bug upstream of the
-    targets (the cache, the positions, the prompt) shows here."""
+    targets (the cache, the positions, the prompt) shows here. `prefix`: the experiment's claim namespace."""
     name = dtype_name(dtype)
     value, note = judged(m, "cached_vs_uncached_logit_linf_rel")
-    ctx.check(f"goldwaser.record.{name}_cached_equals_uncached", SOURCE + " (the with-context side)",
+    ctx.check(f"{prefix}.record.{name}_cached_equals_uncached", SOURCE + " (the with-context side)",
               f"the KV-cached with-context logits equal the witness's uncached forward of the prompt and reply so "
               f"far, every step: max |Δlogit| / max |logit| ({model}, {name}){note}", value, "<=",
               CACHED_ROUNDING[name], exact=True)

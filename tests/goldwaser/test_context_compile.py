@@ -147,7 +147,7 @@ def test_a_reply_whose_cache_drifted_from_its_uncached_forward_fails_the_record_
     """The reply's KV-cached logits against the uncached reference every fit is judged by: one position off
     (a cache or prompt gone wrong) fails the claim, an exactness claim that preset=smoke does not excuse."""
     good = _claims_for(tmp_path / "good", 1e-7, 1.0)
-    record = "goldwaser.record.float32_cached_equals_uncached"
+    record = "context_compile.record.float32_cached_equals_uncached"
     assert good.loc[record, "passed"] and good.loc[record, "exact"]
     bad = _claims_for(tmp_path / "bad", 1e-7, 1.0, drift_at=3)
     assert not bad.loc[record, "passed"] and bad.drop(record)["passed"].all()

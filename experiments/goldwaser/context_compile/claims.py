@@ -27,7 +27,7 @@ def check_claims(cfg: ContextCompileConfig, ctx: RunContext, m: pd.DataFrame) ->
     where = f"{cfg.model}, {dtype}"
     from experiments.goldwaser.record_claim import cached_claim
 
-    cached_claim(ctx, m, dtype, cfg.model)  # the reply's cached logits against the uncached reference
+    cached_claim(ctx, m, dtype, cfg.model, "context_compile")  # the reply's cached logits against the uncached one
     pos = m[m["metric"].isin(["top1_match", "logit_linf_rel"])]
     fixed = pos[pos["method"] == "fixed"]
     for k in sweep_ks(cfg):
