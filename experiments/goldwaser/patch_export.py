@@ -80,16 +80,16 @@ def run(cfg: PatchExportConfig, ctx: RunContext) -> None:
              summary["next_token_without_context"])
     where = f"{cfg.model}, {dtype_name(ctx.dtype)}, {variant.name}"
     check_claims(ctx, check, ctrl, summary, variant, dtype_name(ctx.dtype), where)
-    record_claims(ctx, ctx.metrics(), dtype_name(ctx.dtype), where)
+    record_claims(ctx, ctx.metrics(), dtype_name(ctx.dtype), cfg.model, where)
 
 
-def record_claims(ctx: RunContext, m: pd.DataFrame, dtype: str, where: str) -> None:
+def record_claims(ctx: RunContext, m: pd.DataFrame, dtype: str, model: str, where: str) -> None:
     """The with-context side: the cached pass the patch was computed from against the witness's uncached
     forward of the prompt asked for, and the checkpoint's inputs.json naming that prompt's tokens."""
     from experiments.core.reduce import reduce_metric
     from experiments.goldwaser.record_claim import cached_claim
 
-    cached_claim(ctx, m, dtype, where.split(",")[0])
+    cached_claim(ctx, m, dtype, model)
     ctx.check("goldwaser.record.export_holds_prompt", REF + " (the with-context side)",
               f"the exported checkpoint's inputs.json names the prompt's own tokens, the context and the query "
               f"({where})", reduce_metric(m, "holds_prompt", "min"), ">=", 1.0,

@@ -195,8 +195,12 @@ def inject(monkeypatch, fault: str) -> None:
         from experiments.patching import export
 
         patch_prompt = export.patch_prompt
-        monkeypatch.setattr(export, "patch_prompt", lambda *a, **kw: dataclasses.replace(
-            patch_prompt(*a, **kw), context_ids=_other_ids(patch_prompt(*a, **kw).context_ids)))
+
+        def other_record(*args, **kwargs):
+            patch = patch_prompt(*args, **kwargs)
+            return dataclasses.replace(patch, context_ids=_other_ids(patch.context_ids))
+
+        monkeypatch.setattr(export, "patch_prompt", other_record)
     elif fault == "fixed_patch_zeroed":
         monkeypatch.setattr(fixed_patch, "_write", lambda P, delta: None)
     else:
