@@ -26,7 +26,6 @@ import itertools
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +35,7 @@ from torch.nn.modules import module as torch_module
 from experiments.core.errors import UserError
 from experiments.patching.capture import first_output
 from experiments.zoo.float64 import float64_forward
+from experiments.zoo.loading import available_bytes
 
 # the per-token inputs of a prompt, and what a generated text token adds to each (an image's pixels go whole)
 PER_TOKEN = {"attention_mask": 1, "token_type_ids": 0, "mm_token_type_ids": 0}
@@ -71,19 +71,6 @@ def refuse_hooks(model: nn.Module, whose: str) -> None:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise HookFound(f"the {whose} has a hook the witness did not place: {found[0]}{more}; remove it "
                         "(handle.remove()) before patching: evidence must come from an untouched forward")
-
-
-def available_bytes(device: torch.device) -> int | None:
-    """Memory free for activations: the GPU's free memory, or the host's MemAvailable (None where unknown)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 @dataclass
@@ -132,7 +119,7 @@ class Witness:
         need = (length * (4 * d + 3 * inner + heads * length) * width + len(self.layers) * steps * d * 8
                 + steps * cfg.vocab_size * 8)
         free = available_bytes(device)
-        if free is not None and need > free:
+        if need > free:
             raise UserError(f"the witness's reference forward of {length} tokens needs about {need / 2**30:.1f} "
                             f"GiB of activations beside the model; {free / 2**30:.1f} GiB are free on "
                             f"{device.type}: shorten the prompts or max_new_tokens")

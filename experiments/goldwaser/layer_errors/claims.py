@@ -34,8 +34,10 @@ EXACT = {"float64": 1e-12, "float32": 1e-5}  # max relative hidden error that co
 PATCH_NEAR = {"float64": 1e-12, "float32": 1e-4}
 CONTROL_DECADES = 3.0  # the unpatched model's distance to the record at least 10^3 × the closed loop's
 SATURATION = 1e-2  # past this relative error the open loop is no longer a small perturbation: growth stops
-FLOAT32_UNIT_ROUNDOFF = 2.0**-24
-ALMOST_EXACT = 1e-2  # "almost exact": the last layer's relative error under 1 % when the first one is rounding
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
+# the open loop's error within 10^3 of its rounding budget (`rounding_budget`): honest runs measure 1-2.3
+# decades (trained Gemma 3 270M and Qwen2.5 0.5B, float32 and float64); a float32 step in a float64 run, 8
+GAIN_BUDGET_DECADES = 3.0
 # growth counts as amplification when it goes a decade beyond the sum of every layer's own rounding
 AMPLIFIED = 1.0
 SENSITIVITY_DECADES = 1.0  # a patched model's one-ulp sensitivity within 10× of the unpatched model's
@@ -50,16 +52,6 @@ def _last_before_saturation(errors: np.ndarray, saturation: float) -> int:
     """The last layer index k before the error first reaches `saturation` (−1 if layer 0 already has)."""
     at = np.flatnonzero(errors >= saturation)
     return (int(at[0]) if at.size else len(errors)) - 1
-
-
-def growth_per_layer(errors: np.ndarray, saturation: float = SATURATION) -> float:
-    """Geometric mean of the per-layer growth of one token's open-loop error, (e_k / e_0)^(1/k), over the
-    layers before it first reaches `saturation` (past it the error is O(1) and stops growing); NaN when
-    fewer than two layers are below it or the first is exactly 0."""
-    k = _last_before_saturation(errors, saturation)
-    if k < 1 or errors[0] <= 0:
-        return float("nan")
-    return float((errors[k] / errors[0]) ** (1.0 / k))
 
 
 def growth_beyond_accumulation(errors: np.ndarray, saturation: float = SATURATION) -> float:
@@ -88,10 +80,43 @@ def _per_token(m: pd.DataFrame, dtype: str, variant: str, f) -> list[float]:
     return [v for v in (f(e) for e in tokens) if not math.isnan(v)]
 
 
-def median_growth(m: pd.DataFrame, dtype: str, variant: str) -> float:
-    """The median over tokens of `growth_per_layer`; NaN when a token is broken (`broken_token`)."""
-    values = _per_token(m, dtype, variant, growth_per_layer)
-    return float(np.median(values)) if values else float("nan")
+def rounding_budget(gains: np.ndarray, unit: float) -> np.ndarray:
+    """b_k = G_k b_(k-1) + u, b_(-1) = 0: what rounding alone leaves at layer k when every layer adds one unit
+    roundoff u of its own to the error it was handed and amplifies that by its measured relative gain G_k (the
+    patched layer's, `layer_gain.gain`). A forward pass measured against a closed form of its dtype's
+    rounding: the unit roundoff is the dtype's, never a fixed bar."""
+    out, b = np.empty(len(gains)), 0.0
+    for k, g in enumerate(gains):
+        b = g * b + unit
+        out[k] = b
+    return out
+
+
+def budget_excess(errors: np.ndarray, gains: np.ndarray, unit: float,
+                  saturation: float = SATURATION) -> float:
+    """Decades by which one token's error exceeds its rounding budget at the worst layer before saturation,
+    max_k log10(e_k / b_k); NaN when an error or gain is not a number (a broken token fails, never skipped)."""
+    if not (np.isfinite(errors).all() and np.isfinite(gains).all()):
+        return float("nan")
+    k = _last_before_saturation(errors, saturation)
+    if k < 0:  # saturated at layer 0: O(1) off with nothing before it to amplify
+        return float(math.log10(max(errors[0], 1e-300) / unit))
+    b = rounding_budget(gains[: k + 1], unit)
+    return float(np.log10(np.maximum(errors[: k + 1], 1e-300) / b).max())
+
+
+def worst_budget_excess(m: pd.DataFrame, dtype: str, variant: str, metric: str = "hidden_rel",
+                        saturation: float = SATURATION) -> float:
+    """`budget_excess` at the worst token (NaN propagates: one token not a number fails the claim)."""
+    keys = ["prompt", "token", "layer"]
+    e = _rows(m, metric, dtype, variant).set_index(keys)["value"]
+    g = _rows(m, "gain_rel_patched", dtype, variant).set_index(keys)["value"]
+    both = pd.concat({"e": e, "g": g}, axis=1).sort_index()
+    if not len(both):
+        return float("nan")
+    values = [budget_excess(t["e"].to_numpy(dtype=float), t["g"].to_numpy(dtype=float), UNIT_ROUNDOFF[dtype],
+                            saturation) for _, t in both.groupby(level=["prompt", "token"], dropna=False)]
+    return float(np.max(values)) if not np.isnan(values).any() else float("nan")
 
 
 def median_beyond_accumulation(m: pd.DataFrame, dtype: str, variant: str) -> float:
@@ -222,7 +247,7 @@ def check_claims(ctx, m: pd.DataFrame, tag: str = "") -> None:
             _exact_open_loop_claims(ctx, m, dtype, where, other, tag)
     for naive in declared(variants, algorithm1):
         rule = RULES[str(m["rule"].dropna().iloc[0])] if "rule" in m and m["rule"].notna().any() else SCALE
-        _open_loop_claims(ctx, m, dtypes, where, n_layers, naive, tag)
+        _open_loop_claims(ctx, m, dtypes, where, naive, tag)
         if rule.post_norm:
             _scale_rule_amplifies(ctx, m, dtypes, where, n_layers, naive, tag)
         else:
@@ -287,20 +312,27 @@ def _closed_loop_claims(ctx, m, dtype: str, where: str, closed: str) -> None:
               sensitivity_ratio(m, dtype, closed), "<=", SENSITIVITY_DECADES)
 
 
-def _open_loop_claims(ctx, m, dtypes: list[str], where: str, n_layers: int, naive: str, tag: str = "") -> None:
+def _open_loop_claims(ctx, m, dtypes: list[str], where: str, naive: str, tag: str = "") -> None:
     if "float32" in dtypes:
         top1 = 100.0 * _rows(m, "top1_match", "float32", naive)["value"].mean()
         ctx.check(f"goldwaser.alg1.{naive}{tag}_float32_top1_match", "Goldwaser §4.2 Fig 3",
                   f"Algorithm 1 (open loop) in float32 almost exact: the patched model's top-1 token agrees with "
                   f"the with-context model's, % of tokens (the paper: Gemma 3 1B) ({where})", top1, ">=", 100.0,
                   paper_value=100.0)
-    if "float64" in dtypes and n_layers > 1:
-        budget = (ALMOST_EXACT / FLOAT32_UNIT_ROUNDOFF) ** (1.0 / (n_layers - 1))
-        ctx.check(f"goldwaser.alg1.{naive}{tag}_float64_growth_within_float32_budget", REF,
-                  f"what the paper's float32 exactness implies: the open loop's per-layer error growth (float64, "
-                  f"geometric mean before saturation, median over tokens) at most the factor that keeps float32 "
-                  f"rounding under 1 % after all {n_layers} layers ({where})",
-                  median_growth(m, "float64", naive), "<=", budget)
+    for dtype in dtypes:
+        excess = worst_budget_excess(m, dtype, naive)
+        ctx.check(f"goldwaser.alg1.{naive}{tag}_{dtype}_within_rounding_budget", REF,
+                  f"the open loop's error is {dtype}'s rounding amplified by the patched layers' measured gains: "
+                  f"decades above the budget b_k = G_k b_(k-1) + u ({dtype}'s unit roundoff u, G_k the patched "
+                  f"layer's relative gain), worst layer before saturation and worst token; a token not a number "
+                  f"fails it ({where})", excess, "<=", GAIN_BUDGET_DECADES,
+                  measure="log10(e_k / b_k)", exact=True)
+        ctx.check(f"goldwaser.alg1.{naive}{tag}_{dtype}_within_rounding_budget_control", REF + " (control)",
+                  f"the control: the unpatched model without the context, against the same budget (no saturation "
+                  f"cut), lies further beyond it than the open loop: decades between the two, worst token of each "
+                  f"({where}, {dtype})",
+                  worst_budget_excess(m, dtype, naive, "control_hidden_rel", saturation=math.inf) - excess, ">=",
+                  CONTROL_DECADES, measure="decades: control − open loop")
 
 
 def _scale_rule_amplifies(ctx, m, dtypes: list[str], where: str, n_layers: int, naive: str, tag: str = "") -> None:
