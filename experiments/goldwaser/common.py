@@ -28,16 +28,18 @@ def prompt_list(cfg) -> list[str]:
     return [cfg.prompt, *[str(p) for p in extra]]  # a list given on the command line may hold numbers
 
 
-def validate_model(cfg) -> None:
+def validate_model(cfg, prompts: list[str], max_new_tokens: int) -> None:
     """The model, before any run folder (patch_match's, patch_export's typed config): its config can be had,
-    its architecture has an adapter, the variant applies, it fits in memory, an image comes with a vision
+    its architecture has an adapter, the variant applies, it fits in memory beside the witness's reference
+    forward of `prompts` and `max_new_tokens` more (`check_witness_fits`), an image comes with a vision
     model. The variant's name the schema's Enum has checked."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.patching.arch import adapter_for
     from experiments.patching.variants import check_apply, check_variant
     from experiments.zoo.loading import check_model
 
-    config = check_model(cfg.model, resolve_dtype(cfg.dtype), resolve_device(cfg.device))
+    dtype, device = resolve_dtype(cfg.dtype), resolve_device(cfg.device)
+    config = check_model(cfg.model, dtype, device)
     if cfg.variant is not None:  # None: the experiment picks one for the family (patch_export)
         variant = check_variant(adapter_for(config.model_type), cfg.variant)
         if hasattr(cfg, "apply"):  # patch_export has no apply=: it exports materialized weights
@@ -45,6 +47,42 @@ def validate_model(cfg) -> None:
     if getattr(cfg, "image", None) and not multimodal(config):  # only patch_match takes an image
         raise UserError(f"image=... needs a multimodal Gemma 3 (e.g. model=google/gemma-3-4b-it or "
                         f"model=tiny-gemma3-vision); {cfg.model} is text-only")
+    check_witness_fits(cfg, config, dtype, device, prompts, max_new_tokens, image=bool(getattr(cfg, "image", None)))
+
+
+TEMPLATE_TOKENS = 64  # more than any chat template adds around one user turn (Gemma's, Qwen's: under 30)
+
+
+def check_witness_fits(cfg, config, dtype, device, prompts: list[str], max_new_tokens: int,
+                       image: bool = False) -> None:
+    """Before any run folder: the model and the witness's reference forward of the longest prompt and its
+    reply (patching/witness.py) fit in the memory available, or one line naming the memory needed. First
+    from the prompts' bytes (a byte-level tokenizer makes at most one token of a byte, plus the template and
+    an image's tokens): an upper bound, so what fits there fits. Only when it does not, the model is loaded
+    and the prompts encoded as the run will, so no run is refused for a bound."""
+    import torch
+
+    from experiments.patching.witness import reference_bytes, too_large
+    from experiments.zoo.loading import MEMORY_HEADROOM, available_bytes, parameter_count
+
+    width = torch.tensor([], dtype=dtype).element_size()
+    weights = int(parameter_count(config) * width * MEMORY_HEADROOM)
+    free = available_bytes(device)
+    extra = TEMPLATE_TOKENS + (getattr(config, "mm_tokens_per_image", 0) if image else 0)
+    bound = max(len(p.encode("utf-8")) for p in prompts) + extra + max_new_tokens
+    if weights + reference_bytes(config, bound, max_new_tokens, width) <= free:
+        return
+    from experiments.zoo.loading import load_model
+    from experiments.zoo.prompts import encode_prompt
+    from experiments.zoo.vision import load_image
+
+    bundle = load_model(cfg.model, dtype, device, seed=cfg.seed)
+    picture = load_image(cfg.image, cfg.seed) if image else None
+    length = max(encode_prompt(bundle, p, picture, cfg.chat_template, device)["input_ids"].shape[1]
+                 for p in prompts) + max_new_tokens
+    need = reference_bytes(config, length, max_new_tokens, width)
+    if weights + need > free:
+        raise UserError(too_large(length, need, max(free - weights, 0), device))
 
 
 def multimodal(config) -> bool:

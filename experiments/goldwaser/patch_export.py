@@ -35,7 +35,7 @@ def validate(cfg: PatchExportConfig) -> None:
 
     if not cfg.prompt.strip():
         raise UserError("prompt= is empty: the export needs a prompt (a context and its last token)")
-    validate_model(cfg)  # model, architecture, variant, memory
+    validate_model(cfg, [cfg.prompt], 1)  # model, architecture, variant, memory (the witness's forward too)
 
 
 def run(cfg: PatchExportConfig, ctx: RunContext) -> None:

@@ -89,6 +89,26 @@ class Reference:
     hidden: list[Tensor]  # per layer: (steps, d), its output at each step's query position
 
 
+def reference_bytes(config, length: int, steps: int, width: int) -> int:
+    """The activations of the witness's reference forward: `length` tokens through every layer (residual, MLP
+    and one layer's attention scores at a time) in elements of `width` bytes, the kept per-layer outputs and
+    `steps` rows of logits (float64 at most). From the model's config alone, so it can be asked before the
+    model is loaded."""
+    cfg = getattr(config, "text_config", None) or config
+    d = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0)
+    inner = getattr(cfg, "intermediate_size", None) or 4 * d
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1)
+    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 1)
+    return (length * (4 * d + 3 * inner + heads * length) * width + layers * steps * d * 8
+            + steps * cfg.vocab_size * 8)
+
+
+def too_large(length: int, need: int, free: int, device: torch.device | str) -> str:
+    return (f"the witness's reference forward of {length} tokens needs about {need / 2**30:.1f} GiB of "
+            f"activations beside the model; {free / 2**30:.1f} GiB are free on {torch.device(device).type}: "
+            f"shorten the prompts or max_new_tokens")
+
+
 class Witness:
     """A hook-free second instance of `model` sharing its parameters (see the module's docstring). `layers`
     finds a model's decoder layers (the adapter's `layers`), `logit_dtype` is what logits are compared in."""
@@ -109,20 +129,12 @@ class Witness:
 
     def check_memory(self, length: int, steps: int, device: torch.device) -> None:
         """Refuse (UserError: one line), before the prompt is generated and naming the memory, a reference
-        forward whose activations cannot fit: `length` tokens through every layer (residual, MLP and attention
-        scores), the kept per-layer outputs, and `steps` rows of logits."""
-        cfg = getattr(self.twin.config, "text_config", None) or self.twin.config
-        d = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0)
-        inner = getattr(cfg, "intermediate_size", None) or 4 * d
-        heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1)
+        forward whose activations cannot fit (`reference_bytes`) in what is free beside the loaded model."""
         width = next(self.twin.parameters()).element_size()
-        need = (length * (4 * d + 3 * inner + heads * length) * width + len(self.layers) * steps * d * 8
-                + steps * cfg.vocab_size * 8)
+        need = reference_bytes(self.twin.config, length, steps, width)
         free = available_bytes(device)
         if need > free:
-            raise UserError(f"the witness's reference forward of {length} tokens needs about {need / 2**30:.1f} "
-                            f"GiB of activations beside the model; {free / 2**30:.1f} GiB are free on "
-                            f"{device.type}: shorten the prompts or max_new_tokens")
+            raise UserError(too_large(length, need, free, device))
 
     @contextmanager
     def _reading(self, where: Callable[[Tensor], Tensor]):

@@ -90,3 +90,45 @@ def test_a_model_too_large_for_a_second_set_of_activations_is_one_line(llama, mo
     with pytest.raises(UserError, match=r"the witness's reference forward of 5000 tokens needs about .* GiB .*"
                                           r"0\.0 GiB are free on cpu"):
         witness.check_memory(5000, 100, torch.device("cpu"))
+
+
+def _room_for_weights_and(extra_bytes: int) -> int:
+    """The memory a fake machine has: tiny-llama's float32 weights (with the loader's headroom) and `extra_bytes`."""
+    from experiments.zoo.loading import MEMORY_HEADROOM, offline_config, parameter_count
+
+    return int(parameter_count(offline_config("tiny-llama")) * 4 * MEMORY_HEADROOM) + extra_bytes
+
+
+def test_the_witness_memory_is_refused_before_the_run_folder(monkeypatch, tmp_path):
+    """A prompt whose reference forward cannot fit beside the model: one line from the CLI's checks, naming the
+    memory, and no run folder; the same machine runs a short prompt (the control)."""
+    from experiments.zoo import loading
+    from tests.helpers.in_process import refusal
+
+    monkeypatch.setattr(loading, "available_bytes", lambda device: _room_for_weights_and(20 * 2**20))
+    long = "a" * 3000  # tiny-llama's byte tokenizer: 3000 tokens, whose attention scores alone take 4 x 36 MB
+    text = refusal("patch_match", tmp_path / "run", "model=tiny-llama", f"prompt={long}", "max_new_tokens=2")
+    assert "the witness's reference forward of" in text and "GiB of activations beside the model" in text
+    from experiments.core.config_schema import typed
+    from experiments.goldwaser.patch_match.run import validate
+    from tests.helpers.in_process import compose
+
+    validate(typed(compose("patch_match", "model=tiny-llama", "max_new_tokens=2", preset="smoke")))
+
+
+def test_a_bound_that_does_not_fit_is_settled_by_the_prompts_own_tokens(monkeypatch):
+    """The bound from the prompts' bytes is only a bound: where it does not fit, the prompts are encoded as the
+    run will encode them, and a run that fits is not refused."""
+    from experiments.core.config_schema import typed
+    from experiments.goldwaser import common
+    from experiments.goldwaser.patch_match.run import validate
+    from experiments.zoo import loading
+    from tests.helpers.in_process import compose
+
+    monkeypatch.setattr(loading, "available_bytes", lambda device: _room_for_weights_and(20 * 2**20))
+    monkeypatch.setattr(common, "TEMPLATE_TOKENS", 10**5)  # a bound far beyond the memory
+    loads = []
+    load = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: loads.append(a[0]) or load(*a, **k))
+    validate(typed(compose("patch_match", "model=tiny-llama", "max_new_tokens=2", preset="smoke")))
+    assert loads == ["tiny-llama"]  # settled by the encoded prompts, not by the bound

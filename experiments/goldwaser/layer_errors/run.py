@@ -58,6 +58,7 @@ def _once_each(key: str, names: list) -> None:
 def validate(cfg: LayerErrorsConfig) -> None:
     """Everything checkable before a run folder exists, the model's architecture and variants included."""
     from experiments.core.runtime import resolve_device, resolve_dtype
+    from experiments.goldwaser.common import check_witness_fits
     from experiments.patching.arch import adapter_for
     from experiments.patching.variants import check_apply, check_variant
     from experiments.zoo.loading import check_model
@@ -72,7 +73,9 @@ def validate(cfg: LayerErrorsConfig) -> None:
         if not 0.0 < cfg.delta_rel.get(dtype, math.nan) < 1.0:  # a dtype without its δ is refused too
             raise UserError(f"delta_rel.{dtype} must be in (0, 1): the size of δ relative to the layer's input")
     largest = max((resolve_dtype(d) for d in cfg.dtypes), key=lambda t: t.itemsize)
-    config = check_model(cfg.model, largest, resolve_device(cfg.device))
+    device = resolve_device(cfg.device)
+    config = check_model(cfg.model, largest, device)
+    check_witness_fits(cfg, config, largest, device, list(cfg.prompts), cfg.max_new_tokens)
     adapter = adapter_for(config.model_type)
     for variant in chosen_variants(cfg, adapter):
         check_apply(adapter, check_variant(adapter, variant), cfg.apply)

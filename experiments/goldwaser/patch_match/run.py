@@ -68,10 +68,10 @@ def validate(cfg: PatchMatchConfig) -> None:
         raise UserError(f"temperature={cfg.temperature} must be positive")
     if not isinstance(cfg.prompts or [], (str, list)):  # `prompts: Any`: a list or a file
         raise UserError("prompts= must be a list like [a,b] or a path to a text file")
-    prompt_list(cfg)
+    prompts = prompt_list(cfg)
     if cfg.image and cfg.image != "synthetic" and not Path(cfg.image).expanduser().is_file():
         raise UserError(f"image={cfg.image!r}: no such file (or use image=synthetic)")
-    validate_model(cfg)
+    validate_model(cfg, prompts, cfg.max_new_tokens)
 
 
 # -- the run -------------------------------------------------------------------------------------
