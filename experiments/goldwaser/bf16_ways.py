@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.core.errors import UserError
 from experiments.goldwaser.patch_match.plots import ways_figure, ways_table
 
 MODEL_ORDER = ("gemma-3-270m", "qwen2.5-0.5b", "qwen2.5-1.5b")
@@ -23,11 +24,19 @@ COLUMNS = ("model", "dtype", "variant", "apply", "advance", "top-1", "% [95 % CI
 
 
 def load(folders: list[Path]) -> pd.DataFrame:
-    """Every run's metrics.csv under the folders (a sweep's jobs, or a single run)."""
-    files = sorted(f for folder in folders for f in Path(folder).rglob("metrics.csv"))
-    if not files:
-        raise SystemExit(f"no metrics.csv under {', '.join(map(str, folders))}")
-    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    """Every run's metrics (metrics.csv or .csv.gz) under the folders (a sweep's jobs, or a single run)."""
+    from experiments.core.results import read_metrics
+
+    runs = sorted({f.parent for folder in folders for pattern in ("metrics.csv", "metrics.csv.gz")
+                   for f in Path(folder).rglob(pattern)})
+    if not runs:
+        raise UserError(f"no metrics.csv under {', '.join(map(str, folders))}")
+    return pd.concat([read_metrics(run) for run in runs], ignore_index=True)
+
+
+def page_table(folders: list[Path]) -> str:
+    """docs/goldwaser.md's table, from the committed runs (report/quoted.py's `table:` marker)."""
+    return markdown(ways_table(load(folders)))
 
 
 def _g(value: float) -> str:
@@ -56,7 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--figures", type=Path, default=Path("."))
     args = ap.parse_args(argv)
-    metrics = load(args.folders)
+    try:
+        metrics = load(args.folders)
+    except UserError as err:
+        raise SystemExit(str(err)) from None
     print(markdown(ways_table(metrics)))
     for path in ways_figure(metrics, args.figures):
         print(path)

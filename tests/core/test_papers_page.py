@@ -68,3 +68,20 @@ def test_quoted_numbers_come_from_the_runs_or_stop_the_page(results):
     for unit, what in bad:
         with pytest.raises(UserError):
             quote(results, unit, what)
+
+
+def slope_table(folders) -> str:
+    """A table function for a page's `table:` marker: the runs' slopes, one row each."""
+    from experiments.core.results import read_metrics
+
+    rows = [f"| {f.name} | {read_metrics(f)['value'].min():.1f} |" for f in folders]
+    return "\n".join(["| run | min slope |", "|---|---|", *rows])
+
+
+def test_a_generated_table_is_written_again_from_the_runs(results):
+    head = "<!-- table: tests.core.test_papers_page:slope_table cov_rate/paper -->\n"
+    page = f"before\n{head}| typed | by hand |\n<!-- /table -->\nafter"
+    assert fill(page, results) == (f"before\n{head}| run | min slope |\n|---|---|\n| paper | -1.5 |\n"
+                                   "<!-- /table -->\nafter")
+    with pytest.raises(UserError, match="no run or sweep"):
+        fill(page.replace("cov_rate/paper", "cov_rate/nope"), results)

@@ -10,6 +10,16 @@ claim id, WHAT may be
     wall          its wall time (`22 s`, `4 min 10 s`)
     metric:NAME:AGG   an aggregate of metrics.csv rows of that metric (AGG: max, min, mean, median, count, sum;
                       `metric:top1_match:mean:dtype=float32` filters on index columns), e.g. a top-1 rate
+
+A whole table a page shows is written the same way, between
+
+    <!-- table: MODULE:FUNCTION UNIT [UNIT ...] -->
+    ...
+    <!-- /table -->
+
+which FUNCTION (imported when the page is filled) writes from the listed runs or sweeps of results/:
+FUNCTION(list of their folders) -> Markdown. An experiment's own module makes the table; this module only
+knows where it goes.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ from experiments.core.errors import UserError
 from experiments.core.results import read_metrics
 from experiments.core.run_folder import CLAIMS_FILE
 
+TABLE = re.compile(r"(?P<head><!-- table: (?P<target>\S+:\S+)(?P<units>(?: [^ >]+)+) -->\n)(?P<body>.*?)"
+                   r"(?P<tail><!-- /table -->)", re.S)
 MARK = re.compile(r"<!-- q: (?P<unit>\S+) (?P<what>\S+)(?: (?P<spec>\S+))? -->(?P<text>.*?)<!-- /q -->", re.S)
 
 
@@ -97,9 +109,21 @@ def quote(results: Path, unit: str, what: str, spec: str | None = None, tables: 
     return lo if lo == hi else f"{lo}–{hi}"
 
 
+def _written_table(results: Path, target: str, units: str) -> str:
+    from experiments.core.registry import Later
+
+    folders = [results / unit for unit in units.split()]
+    missing = [str(f) for f in folders if not f.is_dir()]
+    if missing:
+        raise UserError(f"table {target}: no run or sweep {', '.join(missing)} in results/")
+    return Later(target)(folders).rstrip("\n") + "\n"
+
+
 def fill(text: str, results: Path, tables: dict | None = None) -> str:
-    """`text` with every marker's number read again from results/ (each table read once: `tables`)."""
+    """`text` with every marker's number, and every generated table, read again from results/ (each CSV read
+    once: `tables`)."""
     tables = {} if tables is None else tables
+    text = TABLE.sub(lambda m: m["head"] + _written_table(results, m["target"], m["units"]) + m["tail"], text)
     return MARK.sub(lambda m: m.group(0).replace(
         f"-->{m.group('text')}<!--", f"-->{quote(results, m['unit'], m['what'], m['spec'], tables)}<!--", 1), text)
 
@@ -117,7 +141,7 @@ def refreshed(repo: Path, results: Path, extra: dict[Path, str] | None = None) -
     texts.update(extra or {})
     out, tables = {}, {}
     for page, text in texts.items():
-        new = fill(text, results, tables) if MARK.search(text) else text
+        new = fill(text, results, tables) if MARK.search(text) or TABLE.search(text) else text
         if new != (page.read_text() if page.is_file() else None):
             out[page] = new
     return out
