@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from experiments.karbevski.gpt.lm_loss import DEFAULT_CHUNK, chunked_cross_entropy
+
 QUERIES = ("learned", "identity")
 
 
@@ -106,6 +108,9 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2 and the paper
+        # tokens per chunk of the training loss: an attribute, not a GPTConfig field, since it changes no
+        # result (the chunked loss equals the unchunked one) and the config is a checkpoint's identity
+        self.loss_chunk = DEFAULT_CHUNK
         self.apply(self._init_weights)
         # GPT-2's scaled init of the projections that write into the residual stream
         for name, p in self.named_parameters():
@@ -117,8 +122,8 @@ class GPT(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Logits (B, T, vocab) and, given targets, the mean next-token cross-entropy."""
+    def hidden(self, idx: Tensor) -> Tensor:
+        """The final hidden states (B, T, d): ln_f's output, what the head reads."""
         T = idx.shape[1]
         if T > self.cfg.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size={self.cfg.block_size}")
@@ -126,11 +131,16 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
-        return logits, loss
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """Without targets: the logits (B, T, vocab), no loss. With targets: no logits (None) and the mean
+        next-token cross-entropy, the head and the loss computed `loss_chunk` tokens at a time
+        (lm_loss.chunked_cross_entropy), so a training step never holds the B × T × vocab logits."""
+        h = self.hidden(idx)
+        if targets is None:
+            return self.lm_head(h), None
+        return None, chunked_cross_entropy(h, self.lm_head.weight, targets, self.loss_chunk)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
