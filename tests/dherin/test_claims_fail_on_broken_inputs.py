@@ -41,7 +41,7 @@ def _decaying(n: int, slope: float) -> np.ndarray:
 
 
 def test_fig3_decay_claims_are_judged_against_the_untrained_model(tmp_path):
-    from experiments.dherin.dw_convergence import check_claims
+    from experiments.dherin.dw_convergence.run import check_claims
 
     cfg = OmegaConf.create({"dynamics": {"tail_fraction": 0.1}})
     e = {k: torch.tensor([1e-7]) for k in ("prop31", "patch")} | {"control": torch.tensor([1.0]),
@@ -63,7 +63,7 @@ def test_fig3_decay_claims_fail_for_a_model_trained_one_step(tmp_path):
 
 
 def test_fig6_decay_claims_are_judged_against_untrained_models(tmp_path):
-    from experiments.dherin.rnn_context import check_claims
+    from experiments.dherin.rnn_context.run import check_claims
 
     cfg = OmegaConf.create({"dynamics": {"tail_fraction": 0.1}})
     final = {k: torch.zeros(4) for k in ("context", "patched")} | {"no_context": torch.ones(4)}

@@ -41,7 +41,7 @@ def _rate(variant: str, rho: float, d: int, trace: float, constant: float, iid: 
 
 
 def _growth_claims(tmp_path, rho_constants, dim_constants):
-    from experiments.xu_fang.cov_rate import check_claims
+    from experiments.xu_fang.cov_rate.run import check_claims
 
     cfg = OmegaConf.create({"fit_min_n": 64, "claims": {"slope_tolerance": 0.1, "constant_tolerance": 0.1,
                                                         "growth_tolerance": 0.35}})
