@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from cli.compose import compose_config, group_options, is_group, override_values
 from cli.config_errors import known_keys_hint, leaf_keys
 from cli.hydra_flags import FLAGS as HYDRA_FLAGS
-from experiments.core.config_schema import GROUP, register_schemas
+from experiments.core.config_store import GROUP, register_schemas
 from experiments.core.errors import UserError
 
 

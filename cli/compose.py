@@ -12,7 +12,7 @@ from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig
 
 from experiments.core import registry
-from experiments.core.config_schema import GROUP, PRESET_GROUP, register_schemas
+from experiments.core.config_store import GROUP, PRESET_GROUP, register_schemas
 
 MAX_COMBINATIONS_CHECKED = 64
 
@@ -26,7 +26,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
         return compose(config_name="config", overrides=overrides, return_hydra_config=True)
 
 
-# the groups whose options live in the ConfigStore, not in conf/ (config_schema.register_schemas): the
+# the groups whose options live in the ConfigStore, not in conf/ (config_store.register_schemas): the
 # experiments' config classes and their presets
 STORED_GROUPS = (GROUP, PRESET_GROUP)
 

@@ -9,7 +9,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from experiments.core.config_schema import register_schemas
+from experiments.core.config_store import register_schemas
 from experiments.core.errors import UserError
 from experiments.core.registry import CONF_DIR
 

@@ -40,7 +40,7 @@ class Experiment:
     figures: str  # e.g. "Fig. 2"
     description: str  # one line
     # its keys: a dataclass subclass of config_schema.Common, written out beside the declaration; stored as the
-    # option `experiment=NAME` (config_schema.register_schemas)
+    # option `experiment=NAME` (config_store.register_schemas)
     schema: type
     # what each preset changes, {preset: {key: value, node: {key: value}}}, only what differs from the paper's
     # defaults (tests/core/test_config_layout.py); a preset not named here runs the paper's settings

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the slurm extra: pip install -e '.[slurm]'")
 
-from experiments.core.config_schema import register_schemas  # noqa: E402
+from experiments.core.config_store import register_schemas  # noqa: E402
 from experiments.core.registry import CONF_DIR  # noqa: E402
 from experiments.core.slurm_launcher import (  # noqa: E402
     CPU_JOB,

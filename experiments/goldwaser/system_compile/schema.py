@@ -1,7 +1,7 @@
 """system_compile's config class, SystemCompileConfig, its keys' types and their defaults (the one place they
 are written; what a preset changes is PRESETS in the package's __init__.py, its home). Its own module, beside
 the home, because the package's modules import it and its enums. Torch-free: registered before every
-composition (config_schema.register_schemas).
+composition (config_store.register_schemas).
 
 What composition cannot check (a positive rank or step count, a held-out split that leaves fit queries,
 a known behaviour check, a chat template that has a system turn) is experiment.validate()'s."""

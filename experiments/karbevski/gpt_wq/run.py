@@ -31,6 +31,7 @@ from experiments.karbevski.gpt import checkpoint as ckpt
 from experiments.karbevski.gpt.comparisons import paper_comparisons
 from experiments.karbevski.gpt.model import GPT, GPTConfig
 from experiments.karbevski.gpt.params import count_formula, count_meta
+from experiments.karbevski.gpt.plots import plot  # noqa: F401  (gpt_wq's figures: where the registry looks, run.py)
 from experiments.karbevski.gpt.train import LoopState, TrainSettings, make_optimizer, precision, train
 from experiments.karbevski.gpt.variants import VARIANTS, model_config
 from experiments.karbevski.gpt_wq import GptWqConfig
