@@ -40,8 +40,9 @@ class Experiment:
     figures: str  # e.g. "Fig. 2"
     description: str  # one line
     # its keys: a dataclass subclass of config_schema.Common, written out beside the declaration; stored as the
-    # option `experiment=NAME` (config_store.register_schemas)
-    schema: type
+    # option `experiment=NAME` (config_store.register_schemas). Every declaration gives one (get refuses one
+    # that does not); None is for a test's stand-in, run on a config made by hand
+    schema: type | None = None
     # what each preset changes, {preset: {key: value, node: {key: value}}}, only what differs from the paper's
     # defaults (tests/core/test_config_layout.py); a preset not named here runs the paper's settings
     presets: dict[str, dict] = field(default_factory=dict)
@@ -131,6 +132,9 @@ def get(name: str) -> Experiment:
     exp = getattr(module, "EXPERIMENT", None)
     if not isinstance(exp, Experiment):
         raise RuntimeError(f"{home} must define EXPERIMENT = Experiment(paper=..., schema=..., ...)")
+    if exp.schema is None:
+        raise RuntimeError(f"{home}: EXPERIMENT has no config class; give it schema=<Name>Config (a dataclass "
+                           f"subclass of config_schema.Common written beside it)")
     if exp.name:  # the name is the folder's: a declaration that writes it again could only disagree
         raise RuntimeError(f"{home}: EXPERIMENT names itself {exp.name!r}; leave name= out "
                            f"(the registry takes it from the package's folder, {name})")

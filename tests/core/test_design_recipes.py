@@ -29,8 +29,8 @@ HEADING = re.compile(r"^### Recipe: (?P<what>.+?) — (?P<count>\d+) files \(exa
 @dataclass
 class Row:
     number: int
-    file: str  # the recipe's path, with placeholders: experiments/<paper>/<name>.py
-    example: str  # the example's file(s), a glob: conf/preset_for/cov_rate/*.yaml
+    file: str  # the recipe's path, with placeholders: experiments/<paper>/<name>/run.py
+    example: str  # the example's file(s), a glob: experiments/patching/arch/*.py
     what: str
 
 
