@@ -24,6 +24,7 @@ from experiments.core.registry import Experiment
 from experiments.goldwaser.schema import MARS_PROMPT, PatchApply, PatchVariant
 from experiments.patching.kinds import ADVANCE_MODES
 
+# experiments/patching/kinds.py's ADVANCE_MODES, in its order: the one list of names (torch-free)
 TextAdvance = StrEnum("TextAdvance", {name: name for name in ADVANCE_MODES})
 
 
