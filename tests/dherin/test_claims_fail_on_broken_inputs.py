@@ -20,7 +20,7 @@ def test_dw_prediction_claim_fails_when_a_is_noise(tmp_path, monkeypatch):
     """A(C_i, x) replaced by Gaussian noise × 5: ΔW is then built from the wrong outputs. Were both sides of
     the claim computed from that same A they would agree however wrong A is; the context side is the model's
     own forward pass on [C_i, x_test], so the claim fails."""
-    from experiments.dherin import finetune_compare as fc
+    from experiments.dherin.finetune_compare import run as fc
 
     real = fc.prefix_contextual_outputs
 

@@ -19,7 +19,7 @@ def test_stack_cosines_fail_for_a_one_block_stack(tmp_path, monkeypatch):
     what blocks 2..8 add, which a 1-block stack (blocks 2..8 passing ŵ through) does not."""
     import torch
 
-    from experiments.xu_fang import cov_icl_gd
+    from experiments.xu_fang.cov_icl_gd import run as cov_icl_gd
 
     real = run_claims("cov_icl_gd", tmp_path / "real", *STACK)
     assert real.loc["xu_fang.prop4_4.stack_cos", "passed"]
