@@ -12,21 +12,23 @@ from omegaconf import DictConfig, OmegaConf
 from cli.compose import compose_config, group_options, is_group, override_values
 from cli.config_errors import known_keys_hint, leaf_keys
 from cli.hydra_flags import FLAGS as HYDRA_FLAGS
-from experiments.core.config_schema import GROUP, register_schemas
+from experiments.core.config_store import GROUP, register_schemas
 from experiments.core.errors import UserError
 
 
 def check_schema_registered(name: str) -> None:
-    """Every experiment has a schema (experiments/<paper>/schema.py): its keys, their types and defaults.
-    Without one it has no config to compose. A developer's error, said as one, before composing."""
+    """Every experiment has a config class in its home (experiments/<paper>/<name>/__init__.py): its keys, their
+    types and defaults, stored as the option experiment=NAME. Without it there is no config to compose. A
+    developer's error, said as one, before composing."""
     from hydra.core.config_store import ConfigStore
 
     register_schemas(name)
     store = ConfigStore.instance()
     if GROUP not in store.repo or f"{name}.yaml" not in store.list(GROUP):  # the group: none stored yet
-        raise UserError(f"experiment {name} has no schema: add its dataclass (its keys, types and defaults) to "
-                        f"experiments/<paper>/schema.py and the class to SCHEMAS = experiment_schemas(...) there "
-                        f"(its name says the experiment's: {_camel(name)} for {name}), as every other experiment does")
+        raise UserError(f"experiment {name} has no config: write its class (`class {_camel(name)}Config(Common):`, "
+                        f"its keys, types and defaults) in experiments/<paper>/{name}/__init__.py and declare "
+                        f"EXPERIMENT = Experiment(..., schema={_camel(name)}Config) there, as every other "
+                        f"experiment does")
 
 
 def _camel(name: str) -> str:

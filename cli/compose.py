@@ -12,7 +12,7 @@ from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig
 
 from experiments.core import registry
-from experiments.core.config_schema import register_schemas
+from experiments.core.config_store import GROUP, PRESET_GROUP, register_schemas
 
 MAX_COMBINATIONS_CHECKED = 64
 
@@ -26,11 +26,20 @@ def compose_config(overrides: list[str]) -> DictConfig:
         return compose(config_name="config", overrides=overrides, return_hydra_config=True)
 
 
+# the groups whose options live in the ConfigStore, not in conf/ (config_store.register_schemas): the
+# experiments' config classes and their presets
+STORED_GROUPS = (GROUP, PRESET_GROUP)
+
+
 def is_group(key: str) -> bool:
-    return key.startswith("hydra/") or (registry.CONF_DIR / key).is_dir()
+    return key.startswith("hydra/") or key in STORED_GROUPS or (registry.CONF_DIR / key).is_dir()
 
 
 def group_options(group: str) -> list[str]:
+    if group == GROUP:
+        return registry.experiment_names()
+    if group == PRESET_GROUP:  # NAME/PRESET, for each preset an experiment's PRESETS names
+        return sorted(f"{e.name}/{p}" for e in registry.all_experiments() for p in e.presets)
     return sorted(p.stem for p in (registry.CONF_DIR / group).glob("*.yaml"))
 
 

@@ -1,8 +1,8 @@
 """Hydra's and OmegaConf's composition errors, worded as the one line a user sees.
 
-Composition does the checking (unknown keys: struct mode; ill-typed values: the experiment's schema,
-experiments/<paper>/schema.py); this module only reads the failing exception's fields (`full_key`,
-`value`, the node that refused it), never its text, so a rewording in Hydra changes nothing here.
+Composition does the checking (unknown keys: struct mode; ill-typed values: the experiment's schema, its
+config class in experiments/<paper>/<name>/__init__.py); this module only reads the failing exception's
+fields (`full_key`, `value`, the node that refused it), never its text, so a rewording in Hydra changes nothing here.
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from experiments.core.config_schema import register_schemas
+from experiments.core.config_store import register_schemas
 from experiments.core.errors import UserError
 from experiments.core.registry import CONF_DIR
 
-register_schemas()  # before @hydra.main composes: conf/config.yaml selects `optional schema: ${experiment}`
+register_schemas()  # before @hydra.main composes: conf/config.yaml selects `experiment: NAME` from the ConfigStore
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

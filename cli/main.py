@@ -70,14 +70,12 @@ def _run_help() -> str:
 def _has_key(name: str, key: str) -> bool:
     """Whether experiment NAME's typed config has `key` (False for an unknown name: launch words that)."""
     import dataclasses
-    import importlib
 
-    from experiments.core.registry import experiment_names, paper_package
+    from experiments.core.registry import experiment_names, get
 
     if name not in experiment_names():
         return False
-    schema = importlib.import_module(f"experiments.{paper_package(name)}.schema").SCHEMAS[name]
-    return key in {f.name for f in dataclasses.fields(schema)}
+    return key in {f.name for f in dataclasses.fields(get(name).schema)}
 
 
 @app.command(cls=_RunCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

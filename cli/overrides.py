@@ -1,8 +1,8 @@
 """Check a command line before Hydra starts a run, so bad input costs one clear line and leaves
 no half-made run folder behind.
 
-Unknown keys and ill-typed values are caught by composing the config (the experiment's schema,
-experiments/<paper>/schema.py, types its keys) and worded by cli/config_errors.py. What composition
+Unknown keys and ill-typed values are caught by composing the config (the experiment's config class, in
+experiments/<paper>/<name>/__init__.py, types its keys) and worded by cli/config_errors.py. What composition
 cannot see is checked here: a sweep without -m, a group option or launcher that is not there, `--flags`,
 and, for each job's config, `check_job` (the device, threads, a misspelt offline model, the experiment's
 own validate()). Sweeps are expanded (compose.py) and every combination (up to MAX_COMBINATIONS_CHECKED) is checked

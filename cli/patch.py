@@ -1,6 +1,6 @@
 """`icl-exp patch export model=... prompt=... out=DIR`: a checkpoint with a prompt's context in its weights.
 
-The options are Hydra overrides of patch_export's config (PatchExport in experiments/goldwaser/schema.py),
+The options are Hydra overrides of patch_export's config (PatchExportConfig in experiments/goldwaser/patch_export/),
 composed and validated exactly as `icl-exp run patch_export ...` (which this is); out=DIR is the run folder.
 """
 

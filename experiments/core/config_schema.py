@@ -1,36 +1,25 @@
 """The typed keys every experiment shares (seed, device, dtype, threads, preset), as a Hydra
-structured config: an experiment's schema is `experiment_schema(its sections)`, Common's keys and its
-own, so composing `dtype=float8` or `seed=abc` fails inside Hydra, and the CLI only has to word the
-error (cli/config_errors.py).
+structured config: an experiment's config class is a dataclass subclass of `Common` written out in its own
+home (`class CovRateConfig(Common):` in experiments/xu_fang/cov_rate/__init__.py), so composing
+`dtype=float8` or `seed=abc` fails inside Hydra, and the CLI only has to word the error (cli/config_errors.py).
 
-Where a setting lives (docs/configuration.md): an experiment's keys, their types, their paper defaults
-and the comment that says what each means are its dataclass in experiments/<paper>/schema.py, once. The
-comments stand there and not in the yaml because a comment explains a value, and the value is written
-where its type is; `icl-exp run NAME --cfg job` prints the values, the dataclass says what they mean.
-conf/experiment/<name>.yaml registers the experiment and says what it reproduces (with sweep examples);
-conf/preset_for/<name>/<preset>.yaml holds what a preset changes; the experiment's validate() only what a
-type cannot say (ranges, keys against each other, the model, files). No value is written twice.
+Where a setting lives (docs/configuration.md): an experiment's keys, their types, their paper defaults, the
+comment that says what each means and what each preset changes (PRESETS) are in its home, once. The comments
+stand there and not in a yaml because a comment explains a value, and the value is written where its type is;
+`icl-exp run NAME --cfg job` prints the values, the class says what they mean. The experiment's validate()
+holds only what a type cannot say (ranges, keys against each other, the model, files). No value is written
+twice.
 
-Kept free of torch: the schemas are registered before every composition, including the one that
-answers a bad override in a second.
+Kept free of torch: the config classes are stored before every composition (config_store.py), including
+the one that answers a bad override in a second.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
-import importlib.util
-import sys
-import typing
 from dataclasses import dataclass
 from enum import StrEnum
-
-# The ConfigStore group the schemas live in, one option per experiment: conf/config.yaml selects
-# `schema: ${experiment}` before the experiment's yaml, so the preset's values and the command line's merge
-# onto its typed nodes. Not optional: the schema holds the values, so composing an experiment without one
-# (or before register_schemas) fails instead of giving an empty config.
-GROUP = "schema"
 
 
 class Dtype(StrEnum):
@@ -48,14 +37,19 @@ class Dtype(StrEnum):
     fp64 = "float64"
 
 
+# A key with no default, which a `section(...)` must give: omegaconf's own MISSING marker ("???"), written here so
+# that a config class costs no omegaconf import (`icl-exp list` imports every experiment's home).
+MISSING = "???"
+
 # `device=` stays a string in the schema: besides these it takes cuda:N, which an Enum can't list.
 DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
 class Common:
-    """The keys every experiment reads. An experiment's schema may declare one again with its own default
-    (experiment_schema)."""
+    """The keys every experiment reads; an experiment's config class subclasses it. A subclass may declare one
+    of these again with its own default (multilayer_ln's `threads: int | None = 1`): the key keeps its place
+    and takes the subclass's default."""
 
     seed: int = 0
     # auto | cpu | cuda | cuda:N (auto takes a GPU when there is one; checked by cli/check_job.py: an Enum has
@@ -63,6 +57,17 @@ class Common:
     device: str = "auto"
     dtype: Dtype = Dtype.float32  # float32 | bfloat16 | float16 | float64; aliases fp32, bf16, fp16, fp64
     threads: int | None = None  # intra-op CPU threads for torch (null: torch's default)
+
+    def __init_subclass__(cls, **kwargs):
+        """Give each experiment's config class `preset` as its last key. Hydra composes the preset's group after
+        the experiment's keys, and `--cfg job` has always printed `preset` last; declared here on Common it would
+        come before the experiment's keys (a dataclass puts a base's fields first). The preset group itself
+        checks the name, so a plain string. A class whose base already has it (gemma_match's on patch_match's)
+        keeps the base's."""
+        super().__init_subclass__(**kwargs)
+        if not any("preset" in getattr(base, "__dataclass_fields__", {}) for base in cls.__mro__[1:]):
+            cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}), "preset": "str"}
+            cls.preset = "paper"
 
 
 def default(value: list | dict) -> dataclasses.Field:
@@ -77,82 +82,15 @@ def section(cls: type, **values) -> dataclasses.Field:
     return dataclasses.field(default_factory=lambda: cls(**values))
 
 
-_SCHEMAS: dict[type, type] = {}  # sections -> its schema: built once, so that each is one class (it pickles)
-
-
-def experiment_schema(sections: type) -> type:
-    """The schema of a whole experiment config: Common's keys, then the experiment's own (`sections`, a
-    dataclass), then `preset`, in the order Hydra composes them (conf/config.yaml, the experiment's yaml,
-    the preset file), so `--cfg job` prints the keys in the order it always did. Built, not inherited:
-    a subclass of Common would put `preset` before the experiment's keys. A key of Common that `sections`
-    declares again (linreg_icl's `threads: int | None = 1`) is the experiment's default for it, in
-    Common's place."""
-    if sections in _SCHEMAS:
-        return _SCHEMAS[sections]
-
-    def typed_fields(cls: type) -> list[tuple]:  # real types: the annotations are strings here
-        hints = typing.get_type_hints(cls)
-        return [(f.name, hints[f.name], f) for f in dataclasses.fields(cls)]
-
-    own = {f[0]: f for f in typed_fields(sections)}
-    common = []
-    for key, kind, f in typed_fields(Common):
-        if key in own and own[key][1] != kind:
-            raise TypeError(f"{sections.__name__}.{key} is {own[key][1]}, but Common's {key} is {kind}")
-        common.append(own.pop(key, (key, kind, f)))
-    preset = ("preset", str, dataclasses.field(default="paper"))  # the preset group itself checks the name
-    name = sections.__name__.removesuffix("Experiment") + "Config"
-    schema = dataclasses.make_dataclass(name, [*common, *own.values(), preset])
-    # bound to `name` in the module of `sections`, so a composed config pickles (the joblib and SLURM
-    # launchers send it to their jobs, which import that module to read it back)
-    schema.__module__ = sections.__module__
-    setattr(sys.modules[sections.__module__], name, schema)
-    _SCHEMAS[sections] = schema
-    return schema
-
-
-def experiment_name(sections: type) -> str:
-    """The experiment a schema's sections class is for, from its class name, so that the name is written once
-    (as conf/experiment/<name>.yaml and the module's file name): SystemCompile -> system_compile, CovIclGd ->
-    cov_icl_gd, FactorizationExperiment -> factorization (the suffix where the plain name is taken)."""
-    import re
-
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", sections.__name__.removesuffix("Experiment")).lower()
-
-
-def experiment_schemas(*sections: type) -> dict[str, type]:
-    """A paper's SCHEMAS (experiment name -> schema) from its experiments' sections classes."""
-    return {experiment_name(cls): experiment_schema(cls) for cls in sections}
-
-
-def register_schemas(*names: str) -> None:
-    """Store the schemas of the experiments `names` (every experiment's when none is named) in Hydra's
-    ConfigStore, each once, from their papers' schema.py (`SCHEMAS`, experiment name -> schema). Every
-    composition calls this, and a command line composes one experiment: its answer imports that experiment's
-    paper's schema.py alone (building a paper's schemas costs about 0.02 s) and stores that one schema
-    (storing converts it to a config, 0.005 s), not all twenty."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    stored = set(store.list(GROUP)) if GROUP in store.repo else set()
-    for package in _papers_of(names):
-        name = f"experiments.{package}.schema"
-        if importlib.util.find_spec(name) is not None:
-            for experiment, schema in importlib.import_module(name).SCHEMAS.items():
-                if (not names or experiment in names) and f"{experiment}.yaml" not in stored:
-                    store.store(group=GROUP, name=experiment, node=schema, package="_global_")
-
-
-def _papers_of(names: tuple[str, ...]) -> tuple[str, ...]:
-    """The paper packages whose schema.py holds the schemas of `names`: each experiment's own paper; every
-    paper when none is named, or for a name with no experiment module (check_schema_registered then says
-    that it has no schema, as for any experiment without one)."""
-    from experiments.core.papers import PAPER_PACKAGES, experiment_module
-
-    modules = [experiment_module(name) for name in names]
-    if not modules or None in modules:
-        return PAPER_PACKAGES
-    return tuple(dict.fromkeys(module.split(".")[1] for module in modules))
+def merged(*presets: dict) -> dict:
+    """Presets' values merged, the later winning, nested nodes merged key by key: how a preset shares values
+    with another (dherin's linreg training at preset=cpu, LINREG_TRAINING_CPU) and adds its own."""
+    out: dict = {}
+    for preset in presets:
+        for key, value in preset.items():
+            both = isinstance(value, dict) and isinstance(out.get(key), dict)
+            out[key] = merged(out[key], value) if both else copy.deepcopy(value)
+    return out
 
 
 def typed(cfg):

@@ -1,30 +1,30 @@
 """The experiment registry.
 
-An experiment is a module `experiments/<paper>/<name>.py` (one package per paper, PAPER_PACKAGES)
-that defines `EXPERIMENT = Experiment(paper=..., ...)` next to a config `conf/experiment/<name>.yaml`.
-Discovery pairs the two, so adding an experiment touches no central list, and the name is written once, as
-the two files' names (the registry fills in Experiment.name; the schema's key comes from its class name,
-config_schema.experiment_schemas). Modules are imported
-only when used (`list` reads the metadata by importing, which is cheap because heavy imports such
-as transformers are done inside functions).
+An experiment is a package `experiments/<paper>/<name>/` (one package per paper, PAPER_PACKAGES) with a
+`run.py`. Its name is written once, as the package's folder name; the registry fills in Experiment.name.
 
-An experiment that outgrows a file is a package `experiments/<paper>/<name>/` found the same way: its
-`__init__.py` is the declaration (EXPERIMENT, importing nothing heavy: run, plot and validate import
-`run.py` when called), with `run.py` (validate, run), `claims.py` and `plots.py` beside it.
+Its `__init__.py` is its home, torch-free: the config class (`class CovRateConfig(Common):`, every key with
+its type, paper default and comment), its PRESETS (what each preset changes) and the one declaration
+`EXPERIMENT = Experiment(paper=..., figures=..., description=..., schema=..., presets=...)`. Discovery finds
+the package, so adding an experiment touches no central list; `icl-exp list` and every composition import
+the home alone.
+
+What an experiment does is found by convention and imported only when called (Later): `run` and `validate`
+in `<package>.run`, `plot` in `<package>.plots` where there is one, else in `<package>.run`; `claims.py` and
+the math sit beside them.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments.core.errors import UserError
-from experiments.core.papers import PAPER_PACKAGES, experiment_module
+from experiments.core.papers import PAPER_PACKAGES, experiment_module, experiment_packages
 
 if TYPE_CHECKING:  # pandas and omegaconf cost 0.7 s to import: `icl-exp --help` needs neither
     import pandas as pd
@@ -39,9 +39,13 @@ class Experiment:
     paper: str  # e.g. "Dherin et al."
     figures: str  # e.g. "Fig. 2"
     description: str  # one line
-    run: Callable[[object, object], None]  # run(cfg, ctx: RunContext); cfg: the typed config (config())
-    plot: Callable[[pd.DataFrame, Path], list[Path]]  # plot(metrics, figures_dir) -> files written
-    validate: Callable[[object], None] | None = None  # raise UserError on bad config (config()), before a run
+    # its keys: a dataclass subclass of config_schema.Common, written out beside the declaration; stored as the
+    # option `experiment=NAME` (config_store.register_schemas). Every declaration gives one (get refuses one
+    # that does not); None is for a test's stand-in, run on a config made by hand
+    schema: type | None = None
+    # what each preset changes, {preset: {key: value, node: {key: value}}}, only what differs from the paper's
+    # defaults (tests/core/test_config_layout.py); a preset not named here runs the paper's settings
+    presets: dict[str, dict] = field(default_factory=dict)
     # experiments whose run folder this one takes as `checkpoint=` (it loads their trained model instead of
     # training one): `icl-exp reproduce` runs them first and passes their folder
     needs: tuple[str, ...] = ()
@@ -58,8 +62,12 @@ class Experiment:
     seed_quorum: float = 1.0
     # False for an experiment whose output is not a figure (patch_export: a checkpoint): `icl-exp plot` says so
     draws_figures: bool = True
-    # the experiment's name, written once: its file names (conf/experiment/<name>.yaml, experiments/<paper>/
-    # <name>.py or <name>/), from which the registry fills it in (get); a declaration leaves it out
+    # found by convention (get), imported when first called: a declaration leaves them out
+    run: Callable[[object, object], None] | None = None  # run(cfg, ctx: RunContext); cfg: the typed config
+    plot: Callable[[pd.DataFrame, Path], list[Path]] | None = None  # plot(metrics, figures_dir) -> files written
+    validate: Callable[[object], None] | None = None  # raise UserError on bad config (config()), before a run
+    # the experiment's name, written once: its package's folder name, from which the registry fills it in
+    # (get); a declaration leaves it out
     name: str = field(default="", kw_only=True)
 
     def config(self, cfg: DictConfig):
@@ -95,11 +103,12 @@ class Later:
 
 
 def experiment_names() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+    """Every experiment's name, from the folders alone (nothing imported): a paper's package with a run.py."""
+    return sorted(experiment_packages())
 
 
 def check_name(name: str) -> None:
-    """UserError for a name with no conf/experiment/<name>.yaml, with a "did you mean". Imports nothing."""
+    """UserError for a name with no experiment package, with a "did you mean". Imports nothing."""
     names = experiment_names()
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
@@ -107,25 +116,39 @@ def check_name(name: str) -> None:
         raise UserError(f"unknown experiment {name!r}; {mean}known: {', '.join(names)}")
 
 
+def _plot_module(home: str) -> str:
+    """Where plot is: plots.py where the package has one (so `icl-exp plot` imports matplotlib, not the run's
+    torch), else run.py."""
+    return f"{home}.plots" if experiment_packages()[home.split(".")[-1]].joinpath("plots.py").is_file() \
+        else f"{home}.run"
+
+
 def get(name: str) -> Experiment:
+    """The experiment's declaration (its home imported: torch-free) with its name, and run, plot and validate
+    by convention, each a Later that imports its module when first called."""
     check_name(name)
-    module = importlib.import_module(_module_name(name))
+    home = _module_name(name)
+    module = importlib.import_module(home)
     exp = getattr(module, "EXPERIMENT", None)
     if not isinstance(exp, Experiment):
-        raise RuntimeError(f"{module.__name__} must define EXPERIMENT = Experiment(paper=..., ...)")
-    if exp.name:  # the name is the file's: a declaration that writes it again could only disagree
-        raise RuntimeError(f"{module.__name__}: EXPERIMENT names itself {exp.name!r}; leave name= out "
-                           f"(the registry takes it from conf/experiment/{name}.yaml)")
-    return replace(exp, name=name)
+        raise RuntimeError(f"{home} must define EXPERIMENT = Experiment(paper=..., schema=..., ...)")
+    if exp.schema is None:
+        raise RuntimeError(f"{home}: EXPERIMENT has no config class; give it schema=<Name>Config (a dataclass "
+                           f"subclass of config_schema.Common written beside it)")
+    if exp.name:  # the name is the folder's: a declaration that writes it again could only disagree
+        raise RuntimeError(f"{home}: EXPERIMENT names itself {exp.name!r}; leave name= out "
+                           f"(the registry takes it from the package's folder, {name})")
+    return replace(exp, name=name, run=exp.run or Later(f"{home}.run:run"),
+                   plot=exp.plot or Later(f"{_plot_module(home)}:plot"),
+                   validate=exp.validate or Later(f"{home}.run:validate"))
 
 
 def _module_name(name: str) -> str:
     module = experiment_module(name)
     if module is not None:
         return module
-    raise RuntimeError(f"conf/experiment/{name}.yaml has no module experiments/<paper>/{name}.py "
-                       f"or package experiments/<paper>/{name}/__init__.py "
-                       f"(papers: {', '.join(PAPER_PACKAGES)})")
+    raise RuntimeError(f"experiment {name} has no package experiments/<paper>/{name}/ with an __init__.py and a "
+                       f"run.py (papers: {', '.join(PAPER_PACKAGES)})")
 
 
 def paper_package(name: str) -> str:
@@ -133,39 +156,22 @@ def paper_package(name: str) -> str:
     return _module_name(name).split(".")[1]
 
 
+def _in_paper_order(names: list[str]) -> list[str]:
+    return sorted(names, key=lambda n: (PAPER_PACKAGES.index(paper_package(n)), n))
+
+
 def all_experiments() -> list[Experiment]:
     """Every experiment, grouped by paper (PAPER_PACKAGES order), by name within a paper."""
-    names = sorted(experiment_names(), key=lambda n: (PAPER_PACKAGES.index(paper_package(n)), n))
-    return [get(name) for name in names]
+    return [get(name) for name in _in_paper_order(experiment_names())]
 
 
 def describe(name: str) -> tuple[str, str, str, str]:
-    """(name, paper, figures, description) of an experiment, read from the literal keywords of its
-    `EXPERIMENT = Experiment(...)` without importing the module: importing one pulls in torch, and
-    `icl-exp list` would wait seconds for it. Falls back to importing when a field is not a literal."""
-    import ast
-
-    spec = importlib.util.find_spec(_module_name(name))
-    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
-    constants = {}  # module-level NAME = "literal" (e.g. `paper=PAPER`)
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            constants.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EXPERIMENT" for t in node.targets)
-                and isinstance(node.value, ast.Call)):
-            fields = {k.arg: k.value for k in node.value.keywords}
-            try:
-                values = [constants[fields[f].id] if isinstance(fields.get(f), ast.Name)
-                          else ast.literal_eval(fields[f]) for f in ("paper", "figures", "description")]
-            except (KeyError, ValueError):
-                break
-            return (name, *values)
+    """(name, paper, figures, description) of an experiment, from its home: importing it costs no torch
+    (tests/zoo/test_layering.py), so `icl-exp list` stays fast."""
     exp = get(name)
     return exp.name, exp.paper, exp.figures, exp.description
 
 
 def all_descriptions() -> list[tuple[str, str, str, str]]:
     """describe() for every experiment, in all_experiments() order."""
-    names = sorted(experiment_names(), key=lambda n: (PAPER_PACKAGES.index(paper_package(n)), n))
-    return [describe(name) for name in names]
+    return [describe(name) for name in _in_paper_order(experiment_names())]

@@ -14,7 +14,7 @@ branches on its name. A variant declares:
   last layer alone (`closed_loop_last`: it reaches the same logits, so logit agreement is no evidence).
 
 Torch-free on purpose: the typed config's Enum of variant names is built from VARIANTS before any
-composition (experiments/goldwaser/schema.py), and start-up must not import torch. The per-layer work is
+composition (experiments/goldwaser/schema.py, PatchVariant), and start-up must not import torch. The per-layer work is
 in open_loop.py and closed_loop.py, imported when a layer is patched.
 """
 

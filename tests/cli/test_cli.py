@@ -156,7 +156,7 @@ def test_free_form_key_is_checked_by_the_experiment(icl_inprocess, tmp_path):
 
 @pytest.mark.parametrize("name", registry.experiment_names())
 def test_every_experiment_is_typed(name):
-    """Each experiment's config composes onto its schema (experiments/<paper>/schema.py), so no key can
+    """Each experiment's config composes onto its config class (experiments/<paper>/<name>/__init__.py), so no key can
     take an ill-typed value silently; the CLI keeps no type check of its own."""
     from omegaconf import OmegaConf
 

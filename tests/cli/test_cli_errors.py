@@ -51,8 +51,8 @@ def test_first_hour_bad_input(icl_inprocess, tmp_path, args, fragments):
 
 
 def test_an_experiment_without_a_schema_is_one_line(icl_inprocess, monkeypatch):
-    """conf/experiment/<name>.yaml and no schema (nor module): a developer's error, one line, also when the
-    ConfigStore holds no schema yet (a command line stores its own experiment's alone)."""
+    """A name the registry lists with no home holding its config class: a developer's error, one line, also when
+    the ConfigStore holds no config yet (a command line stores its own experiment's alone)."""
     from hydra.core.config_store import ConfigStore
 
     from experiments.core import registry
@@ -60,7 +60,8 @@ def test_an_experiment_without_a_schema_is_one_line(icl_inprocess, monkeypatch):
     monkeypatch.setattr(registry, "experiment_names", lambda: ["no_schema_yet"])
     monkeypatch.setattr(ConfigStore.instance(), "repo", {})
     proc = icl_inprocess("run", "no_schema_yet")
-    assert_one_line_error(proc, "experiment no_schema_yet has no schema", "NoSchemaYet for no_schema_yet")
+    assert_one_line_error(proc, "experiment no_schema_yet has no config", "class NoSchemaYetConfig(Common):",
+                          "experiments/<paper>/no_schema_yet/__init__.py")
 
 
 def test_cfg_with_a_sweep_is_one_line(icl_inprocess, tmp_path):

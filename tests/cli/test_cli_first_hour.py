@@ -239,7 +239,7 @@ def test_plot_of_an_interrupted_linreg_run(tmp_path, monkeypatch, recwarn):
 
     import pandas as pd
 
-    import experiments.dherin.linreg_icl as linreg
+    import experiments.dherin.linreg_icl.run as linreg
     from experiments.core.figures import render
 
     run = tmp_path / "run"

@@ -1,7 +1,8 @@
 """Every experiment's composed config at every preset, as `icl-exp run NAME preset=P --cfg job` prints it,
-against the copy kept in tests/core/cfg_snapshots/NAME.P.yaml: moving a setting from one file to another
-must not change a single value, type or key order. A value changed on purpose shows up here, and its
-snapshot is written again with
+against the copy kept in tests/core/cfg_snapshots/NAME.yaml (one file per experiment, a section per preset,
+each headed by the command that prints it): moving a setting from one place to another must not change a
+single value, type or key order. A value changed on purpose shows up here, and its snapshot is written again
+with
 
     python -m tests.core.test_cfg_snapshots [NAME ...]
 
@@ -28,27 +29,49 @@ def job_config(name: str, preset: str) -> str:
     return OmegaConf.to_yaml(compose_config(name, f"preset={preset}"))
 
 
-def snapshot(name: str, preset: str) -> Path:
-    return SNAPSHOTS / f"{name}.{preset}.yaml"
+def snapshot(name: str) -> Path:
+    return SNAPSHOTS / f"{name}.yaml"
+
+
+def heading(name: str, preset: str) -> str:
+    """The comment line that opens a preset's section: the command whose output the section is."""
+    return f"# icl-exp run {name} preset={preset} --cfg job\n"
+
+
+def written(name: str) -> str:
+    """An experiment's snapshot file as the command below writes it: every preset's section, in order."""
+    return "".join(heading(name, p) + job_config(name, p) for p in PRESETS)
+
+
+def sections(name: str) -> dict[str, str]:
+    """preset -> its section of the experiment's snapshot file (the yaml alone, its heading left out)."""
+    text = snapshot(name).read_text(encoding="utf-8")
+    found = {}
+    for part in text.split(f"# icl-exp run {name} preset=")[1:]:
+        preset, _, rest = part.partition(" --cfg job\n")
+        found[preset] = rest
+    return found
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("name", experiment_names())
 def test_composed_config_is_unchanged(name, preset):
-    path = snapshot(name, preset)
+    path = snapshot(name)
     assert path.is_file(), f"no snapshot {path.name}: write it with python -m tests.core.test_cfg_snapshots {name}"
-    assert job_config(name, preset) == path.read_text(encoding="utf-8")
+    assert job_config(name, preset) == sections(name).get(preset), f"{path.name}, preset={preset}"
 
 
 def test_snapshots_are_what_the_cli_prints(icl_inprocess_cfg):
     """The compose API above and the CLI's `--cfg job` agree, so the snapshots hold the CLI's output."""
-    assert icl_inprocess_cfg("linreg_icl", "smoke") == snapshot("linreg_icl", "smoke").read_text(encoding="utf-8")
+    assert icl_inprocess_cfg("linreg_icl", "smoke") == sections("linreg_icl")["smoke"]
 
 
 def test_no_snapshot_is_left_over():
     """A snapshot of an experiment or preset that is gone would check nothing."""
-    expected = {snapshot(n, p).name for n in experiment_names() for p in PRESETS}
-    assert {p.name for p in SNAPSHOTS.glob("*.yaml")} <= expected
+    assert {p.name for p in SNAPSHOTS.glob("*.yaml")} <= {snapshot(n).name for n in experiment_names()}
+    for name in experiment_names():
+        if snapshot(name).is_file():
+            assert list(sections(name)) == PRESETS, snapshot(name).name
 
 
 @pytest.fixture
@@ -72,6 +95,5 @@ def icl_inprocess_cfg(tmp_path, capsys):
 if __name__ == "__main__":  # write the snapshots again: all of them, or those of the experiments named
     SNAPSHOTS.mkdir(exist_ok=True)
     for experiment in sys.argv[1:] or experiment_names():
-        for preset_name in PRESETS:
-            snapshot(experiment, preset_name).write_text(job_config(experiment, preset_name), encoding="utf-8")
-            print(snapshot(experiment, preset_name))
+        snapshot(experiment).write_text(written(experiment), encoding="utf-8")
+        print(snapshot(experiment))

@@ -1,10 +1,10 @@
 """docs/design.md's recipes match the code. Each recipe's table names the files of a real example in the tree:
 they exist, each is the example's (it names the example), and the count in the recipe's heading is theirs.
 The experiment recipe is followed for real: in a copy of the code a new experiment is added exactly at the
-files the recipe lists (a step the recipe gains or loses fails here until this test follows it too), its
-snapshots written by the recipe's own command, and the suite's generic tests run on it in the copy: the
-config layout, the snapshots, the run-folder contract (a real `python -m cli.main run NAME preset=smoke`),
-its own test and its claim fed a broken input."""
+files the recipe lists, its home, run.py, snapshot and two tests (a step the recipe gains or loses fails here
+until this test follows it too), its snapshot written by the recipe's own command, and the suite's generic
+tests run on it in the copy: the config layout, the snapshots, the run-folder contract (a real `python -m
+cli.main run NAME preset=smoke`), its own test and its claim fed a broken input."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ HEADING = re.compile(r"^### Recipe: (?P<what>.+?) — (?P<count>\d+) files \(exa
 @dataclass
 class Row:
     number: int
-    file: str  # the recipe's path, with placeholders: experiments/<paper>/<name>.py
-    example: str  # the example's file(s), a glob: conf/preset_for/cov_rate/*.yaml
+    file: str  # the recipe's path, with placeholders: experiments/<paper>/<name>/run.py
+    example: str  # the example's file(s), a glob: experiments/patching/arch/*.py
     what: str
 
 
@@ -114,7 +114,45 @@ def test_a_wrong_recipe_is_caught(tmp_path):
 # -- the experiment recipe, followed for real ----------------------------------------------------------
 NAME, PAPER = "mean_rate", "xu_fang"
 
-MODULE = '''\
+HOME = '''\
+"""mean_rate: a sample mean's variance is σ²/n (the design page's recipe, followed by a test).
+
+  icl-exp run mean_rate -m scale=1,2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments.core.config_schema import Common, default
+from experiments.core.registry import Experiment
+
+
+@dataclass
+class MeanRateConfig(Common):
+    """mean_rate (the design page's recipe, followed by a test)."""
+
+    ns: list[int] = default([1, 4, 16, 64])  # sample sizes
+    trials: int = 20000  # means per sample size
+    scale: float = 2.0  # σ of the draws
+    tolerance: float = 0.3  # |n·Var(X̄_n)/σ² − 1|
+
+
+PRESETS = {
+    "smoke": {"trials": 2000},  # seconds
+    "cpu": {"trials": 5000},  # a second
+}
+
+EXPERIMENT = Experiment(
+    paper="Xu & Fang",
+    figures="(recipe check)",
+    description="n·Var(X̄_n)/σ² = 1 for independent draws",
+    schema=MeanRateConfig,
+    presets=PRESETS,
+)
+'''
+
+RUN = '''\
 """mean_rate: a sample mean's variance is σ²/n (the design page's recipe, followed by a test)."""
 
 from __future__ import annotations
@@ -128,7 +166,6 @@ from omegaconf import DictConfig
 from experiments.core.errors import UserError
 from experiments.core.plotting import metric, new_figure, save_figure
 from experiments.core.progress import progress
-from experiments.core.registry import Experiment
 from experiments.core.results import RunContext
 
 
@@ -173,29 +210,6 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 def validate(cfg: DictConfig) -> None:
     if cfg.trials < 2 or min(cfg.ns) < 1 or cfg.scale <= 0:
         raise UserError(f"trials={cfg.trials} must be at least 2, ns={list(cfg.ns)} at least 1, scale positive")
-
-
-EXPERIMENT = Experiment(
-    paper="Xu & Fang",
-    figures="(recipe check)",
-    description="n·Var(X̄_n)/σ² = 1 for independent draws",
-    run=run,
-    plot=plot,
-    validate=validate,
-)
-'''
-
-SCHEMA = '''
-
-@dataclass
-class MeanRate:
-    """mean_rate (the design page's recipe, followed by a test)."""
-
-    ns: list[int] = default([1, 4, 16, 64])  # sample sizes
-    trials: int = 20000  # means per sample size
-    scale: float = 2.0  # σ of the draws
-    tolerance: float = 0.3  # |n·Var(X̄_n)/σ² − 1|
-
 '''
 
 OWN_TEST = '''\
@@ -214,7 +228,7 @@ def test_mean_rate_fails_on_dependent_draws(tmp_path):
     """The means of n copies of one draw: n·Var/σ² = n, and the claim fails; independent draws pass."""
     import torch
 
-    from experiments.xu_fang.mean_rate import check_claims, sample_means, variance_ratio
+    from experiments.xu_fang.mean_rate.run import check_claims, sample_means, variance_ratio
 
     generator = torch.Generator().manual_seed(0)
     copies = (2.0 * torch.randn(2000, 1, generator=generator, dtype=torch.float64)).expand(2000, 16).mean(1)
@@ -225,28 +239,16 @@ def test_mean_rate_fails_on_dependent_draws(tmp_path):
 '''
 
 
-def _add_schema(path: Path) -> None:
-    """The dataclass before SCHEMAS, and its class among SCHEMAS' (the class name says the experiment's)."""
-    text = path.read_text()
-    assert "\nSCHEMAS = experiment_schemas(" in text, "the paper's schema.py has no SCHEMAS = experiment_schemas(...)"
-    head, _, tail = text.partition("\nSCHEMAS = experiment_schemas(")
-    path.write_text(f"{head}{SCHEMA}SCHEMAS = experiment_schemas(MeanRate, {tail}")
-
-
 def follow(row: Row, repo: Path) -> None:
     """Do what one row of the experiment recipe says, for mean_rate in the paper xu_fang."""
     path = repo / row.file.replace("<paper>", PAPER).replace("<name>", NAME)
-    if row.file == "experiments/<paper>/<name>.py":
-        path.write_text(MODULE)
-    elif row.file == "experiments/<paper>/schema.py":
-        _add_schema(path)
-    elif row.file == "conf/experiment/<name>.yaml":
-        path.write_text("# @package _global_\n# n·Var(X̄_n)/σ² → 1: icl-exp run mean_rate -m scale=1,2\n")
-    elif row.file == "conf/preset_for/<name>/<preset>.yaml":
-        path.parent.mkdir(parents=True)
-        (path.parent / "smoke.yaml").write_text("# @package _global_\n# seconds\ntrials: 2000\n")
-        (path.parent / "cpu.yaml").write_text("# @package _global_\n# a second\ntrials: 5000\n")
-    elif row.file == "tests/core/cfg_snapshots/<name>.<preset>.yaml":
+    if row.file == "experiments/<paper>/<name>/__init__.py":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(HOME)
+    elif row.file == "experiments/<paper>/<name>/run.py":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(RUN)
+    elif row.file == "tests/core/cfg_snapshots/<name>.yaml":
         command = re.search(r"`(python -m [^`]+)`", row.what).group(1).replace("<name>", NAME).split()
         subprocess.run([sys.executable, *command[1:]], cwd=repo, check=True, capture_output=True, env=_env(repo))
     elif row.file == "tests/<paper>/test_<name>.py":
@@ -269,8 +271,8 @@ def test_following_the_experiment_recipe_gives_a_run_that_keeps_the_contract(tmp
     shutil.copy(REPO_ROOT / "pyproject.toml", repo)  # pytest's markers and options
     for row in recipe("add an experiment").rows:
         follow(row, repo)
-    assert sorted(p.name for p in (repo / "tests/core/cfg_snapshots").glob(f"{NAME}.*")) == [
-        f"{NAME}.{p}.yaml" for p in ("cpu", "gpu", "paper", "smoke")]
+    assert sorted(p.name for p in (repo / "tests/core/cfg_snapshots").glob(f"{NAME}.*")) == [f"{NAME}.yaml"]
+    assert (repo / "tests/core/cfg_snapshots" / f"{NAME}.yaml").read_text().count("\ntrials: 2000\n") == 1  # smoke's
 
     tests = ["tests/core/test_config_layout.py", "tests/core/test_cfg_snapshots.py",
              "tests/core/test_run_folder_contract.py", f"tests/{PAPER}/test_{NAME}.py",
@@ -278,8 +280,8 @@ def test_following_the_experiment_recipe_gives_a_run_that_keeps_the_contract(tmp
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
                            str(tmp_path / "pytest"), *tests, "-k", NAME], cwd=repo, env=_env(repo),
                           capture_output=True, text=True, timeout=600)
-    # config layout: yaml, defaults, 2 preset files; 4 snapshots; the contract; its test; its broken input
-    assert proc.returncode == 0 and re.search(r"\b11 passed", proc.stdout), proc.stdout[-3000:] + proc.stderr[-2000:]
+    # config layout: defaults, 2 presets; 4 snapshots (one per preset); the contract; its test; its broken input
+    assert proc.returncode == 0 and re.search(r"\b10 passed", proc.stdout), proc.stdout[-3000:] + proc.stderr[-2000:]
 
     run_dir = next((tmp_path / "pytest").rglob(f"smoke_runs*/{NAME}"))  # `python -m cli.main run NAME preset=smoke`
     claims = pd.read_csv(run_dir / "claims.csv")
@@ -289,7 +291,7 @@ def test_following_the_experiment_recipe_gives_a_run_that_keeps_the_contract(tmp
     assert listed.returncode == 0, listed.stderr[-3000:]
     listed = listed.stdout
     assert re.search(rf"^{NAME}\s+Xu & Fang", listed, re.M)  # the registry found it: no list to add it to
-    assert not (REPO_ROOT / "experiments" / PAPER / f"{NAME}.py").exists()  # the real tree was never touched
+    assert not (REPO_ROOT / "experiments" / PAPER / NAME).exists()  # the real tree was never touched
 
 
 # -- the family recipe, followed for real --------------------------------------------------------------

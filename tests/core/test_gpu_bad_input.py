@@ -112,7 +112,7 @@ def test_compile_auto_falls_back_where_triton_is_missing(monkeypatch):
     import importlib.util
 
     from experiments.core import gpu_rates
-    from experiments.karbevski.gpt_wq import compile_setting
+    from experiments.karbevski.gpt_wq.run import compile_setting
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))

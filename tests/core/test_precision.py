@@ -133,6 +133,6 @@ def test_deterministic_kernels_where_a_config_asks_and_only_there(tmp_path, monk
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     runner.run("probe", OmegaConf.merge(cfg, {"deterministic": False}), tmp_path / "b", "r", [])
     assert not seen["deterministic"] and not torch.are_deterministic_algorithms_enabled()
-    from experiments.karbevski.schema import GptWq
+    from experiments.karbevski.gpt_wq import GptWqConfig
 
-    assert GptWq.deterministic is False and GptWq.tf32 is False
+    assert GptWqConfig.deterministic is False and GptWqConfig.tf32 is False

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the slurm extra: pip install -e '.[slurm]'")
 
-from experiments.core.config_schema import register_schemas  # noqa: E402
+from experiments.core.config_store import register_schemas  # noqa: E402
 from experiments.core.registry import CONF_DIR  # noqa: E402
 from experiments.core.slurm_launcher import (  # noqa: E402
     CPU_JOB,
@@ -120,7 +120,7 @@ def test_a_login_node_without_cuda_can_submit_gpu_jobs_and_the_job_checks_its_ow
     validate("gpt_wq", ["data=shakespeare", "hydra/launcher=slurm"], multirun=True)
     validate("linreg_icl", ["device=cuda", "hydra/launcher=slurm"], multirun=True)
     # in the job, on a node without CUDA, gpt_wq still refuses (run.json: failed, with this line)
-    from experiments.karbevski.gpt_wq import require_cuda
+    from experiments.karbevski.gpt_wq.run import require_cuda
 
     with pytest.raises(UserError, match="needs CUDA"):
         require_cuda(_cfg("gpt_wq"), cuda=False)

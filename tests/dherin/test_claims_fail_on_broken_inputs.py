@@ -20,7 +20,7 @@ def test_dw_prediction_claim_fails_when_a_is_noise(tmp_path, monkeypatch):
     """A(C_i, x) replaced by Gaussian noise × 5: ΔW is then built from the wrong outputs. Were both sides of
     the claim computed from that same A they would agree however wrong A is; the context side is the model's
     own forward pass on [C_i, x_test], so the claim fails."""
-    from experiments.dherin import finetune_compare as fc
+    from experiments.dherin.finetune_compare import run as fc
 
     real = fc.prefix_contextual_outputs
 
@@ -41,7 +41,7 @@ def _decaying(n: int, slope: float) -> np.ndarray:
 
 
 def test_fig3_decay_claims_are_judged_against_the_untrained_model(tmp_path):
-    from experiments.dherin.dw_convergence import check_claims
+    from experiments.dherin.dw_convergence.run import check_claims
 
     cfg = OmegaConf.create({"dynamics": {"tail_fraction": 0.1}})
     e = {k: torch.tensor([1e-7]) for k in ("prop31", "patch")} | {"control": torch.tensor([1.0]),
@@ -63,7 +63,7 @@ def test_fig3_decay_claims_fail_for_a_model_trained_one_step(tmp_path):
 
 
 def test_fig6_decay_claims_are_judged_against_untrained_models(tmp_path):
-    from experiments.dherin.rnn_context import check_claims
+    from experiments.dherin.rnn_context.run import check_claims
 
     cfg = OmegaConf.create({"dynamics": {"tail_fraction": 0.1}})
     final = {k: torch.zeros(4) for k in ("context", "patched")} | {"no_context": torch.ones(4)}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from experiments.data.linreg import sample_prompts
-from experiments.dherin.dw_convergence import dynamics_errors
+from experiments.dherin.dw_convergence.run import dynamics_errors
 from experiments.dherin.dynamics import (
     decay_summary,
     decay_vs_control,

@@ -7,7 +7,7 @@ import torch
 
 from experiments.data.linreg import sample_prompts
 from experiments.dherin.dynamics import suffix_contextual_outputs
-from experiments.dherin.factorization import factorization_errors, reversed_products
+from experiments.dherin.factorization.run import factorization_errors, reversed_products
 from experiments.dherin.models.linreg import attention_block
 
 FIGURE = "figE_factorization"

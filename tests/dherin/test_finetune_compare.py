@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.dherin.finetune_compare import (
+from experiments.dherin.finetune_compare.run import (
     normalized_inner,
     query_predictions,
     rank1_ceiling,

@@ -98,7 +98,7 @@ def test_heat_map_colorbars_say_what_they_measure():
     """The patch error and the control differ by ~1e7: each colorbar carries its own label."""
     import matplotlib.pyplot as plt
 
-    from experiments.dherin.linreg_icl import _heat
+    from experiments.dherin.linreg_icl.run import _heat
 
     frame = pd.DataFrame({"x1": [-1.0, -1.0, 1.0, 1.0], "x2": [-1.0, 1.0, -1.0, 1.0],
                           "value": [1e-8, 2e-8, 3e-8, 4e-8]})

@@ -7,7 +7,7 @@ import subprocess
 
 import pandas as pd
 
-from experiments.goldwaser.gemma_match import plot
+from experiments.goldwaser.gemma_match.run import plot
 from tests.helpers.cli import OFFLINE, run_cli
 
 

@@ -16,7 +16,7 @@ def compose_config(name: str, *overrides: str) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from experiments.core.config_schema import register_schemas
+    from experiments.core.config_store import register_schemas
     from experiments.core.registry import CONF_DIR
 
     register_schemas()  # the schemas hold the keys and their defaults

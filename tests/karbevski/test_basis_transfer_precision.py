@@ -11,8 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiments.karbevski import basis_transfer as bt
 from experiments.karbevski.basis_targets import BasisTarget, SkipGeluMLP, relative_sq_error
+from experiments.karbevski.basis_transfer import run as bt
 from tests.helpers.cli import run_cli
 
 H, BATCH = 16, 4096  # 65 536 target entries, Σ‖Y‖² ≈ 1.3e5: beyond float16's 65 504, like 65 536 × 256

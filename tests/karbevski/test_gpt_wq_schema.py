@@ -29,8 +29,8 @@ def test_train_settings_are_the_schema_node_resolved(monkeypatch):
 
     from cli.overrides import validate
     from experiments.core import distributed
-    from experiments.karbevski import gpt_wq
     from experiments.karbevski.gpt.train import TrainSettings
+    from experiments.karbevski.gpt_wq import run as gpt_wq
     from experiments.karbevski.schema import GptTrain
 
     assert issubclass(TrainSettings, GptTrain)

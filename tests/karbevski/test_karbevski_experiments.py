@@ -72,7 +72,7 @@ def ctx(tmp_path) -> RunContext:
 
 
 def test_wq_claims_fail_when_a_construction_is_off(tmp_path):
-    from experiments.karbevski import wq_reparam as wq
+    from experiments.karbevski.wq_reparam import run as wq
 
     cfg = compose("wq_reparam", preset="paper")
     good = {"error": 1e-15, "control": 1.0, "scale": 1.0, "condition": 0.0, "condition_generic": 1.0}
@@ -96,7 +96,7 @@ def test_wq_claims_fail_when_a_construction_is_off(tmp_path):
 def test_attention_claims_fail_for_a_wrong_ratio(tmp_path):
     import numpy as np
 
-    from experiments.karbevski import attention_scale as at
+    from experiments.karbevski.attention_scale import run as at
 
     cfg = compose("attention_scale", preset="paper")
     same = {"baseline": np.array([0.0032]), "wq_identity": np.array([0.0032]), "sq_norm": np.array([1.0]),
@@ -113,7 +113,7 @@ def test_attention_claims_fail_for_a_wrong_ratio(tmp_path):
 
 
 def test_basis_claims_fail_when_the_mlp_loses(tmp_path):
-    from experiments.karbevski import basis_transfer as bt
+    from experiments.karbevski.basis_transfer import run as bt
 
     cfg = compose("basis_transfer", preset="paper")
     rows = []
@@ -129,7 +129,7 @@ def test_basis_claims_fail_when_the_mlp_loses(tmp_path):
 
 
 def _fig2_claims(tmp_path, mlp: float, linear: float):
-    from experiments.karbevski import basis_transfer as bt
+    from experiments.karbevski.basis_transfer import run as bt
 
     cfg = compose("basis_transfer", preset="paper")
     rows = []
@@ -159,7 +159,8 @@ def test_linear_error_is_judged_against_one_reading_at_a_time(tmp_path):
 def test_parameter_claims_fail_for_the_invalid_reduction(tmp_path, monkeypatch):
     """W_Q dropped and nothing adjusted (reparam.drop_queries) removes 25 % of the attention parameters by
     construction; the forward pass of that model is not the original's, so nothing counts as saved."""
-    from experiments.karbevski import reparam, wq_reparam
+    from experiments.karbevski import reparam
+    from experiments.karbevski.wq_reparam import run as wq_reparam
     from tests.helpers.in_process import run_claims
 
     ids = ["karbevski.sec3_1.attention_params_saved", "karbevski.table2.params_saved_millions"]
@@ -208,7 +209,7 @@ def test_basis_transfer_warns_with_the_expected_time_on_cpu(tmp_path, caplog):
     warn_after_s=0 on the smoke sizes, so the test stays seconds)."""
     import torch
 
-    from experiments.karbevski import basis_transfer as bt
+    from experiments.karbevski.basis_transfer import run as bt
 
     cfg = OmegaConf.merge(compose("basis_transfer", preset="smoke"),
                           {"seed": 0, "preset": "paper", "warn_after_s": 0, "widths": [4], "train": {"steps": 5}})

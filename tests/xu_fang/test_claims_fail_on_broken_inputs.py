@@ -19,7 +19,7 @@ def test_stack_cosines_fail_for_a_one_block_stack(tmp_path, monkeypatch):
     what blocks 2..8 add, which a 1-block stack (blocks 2..8 passing ŵ through) does not."""
     import torch
 
-    from experiments.xu_fang import cov_icl_gd
+    from experiments.xu_fang.cov_icl_gd import run as cov_icl_gd
 
     real = run_claims("cov_icl_gd", tmp_path / "real", *STACK)
     assert real.loc["xu_fang.prop4_4.stack_cos", "passed"]
@@ -41,7 +41,7 @@ def _rate(variant: str, rho: float, d: int, trace: float, constant: float, iid: 
 
 
 def _growth_claims(tmp_path, rho_constants, dim_constants):
-    from experiments.xu_fang.cov_rate import check_claims
+    from experiments.xu_fang.cov_rate.run import check_claims
 
     cfg = OmegaConf.create({"fit_min_n": 64, "claims": {"slope_tolerance": 0.1, "constant_tolerance": 0.1,
                                                         "growth_tolerance": 0.35}})

@@ -236,7 +236,7 @@ def test_the_checks_can_fail(fake_tree):
     assert cycles(graph(root)) == [["experiments.goldwaser.gemma_models", "experiments.goldwaser.patch_models"]]
 
 
-# gemma_match is patch_match with Gemma 3's defaults (conf/experiment/gemma_match.yaml composes patch_match's):
+# gemma_match is patch_match with Gemma 3's defaults (GemmaMatchConfig subclasses PatchMatchConfig):
 # the same experiment under a second name, not a borrowing
 SAME_EXPERIMENT = {("experiments.goldwaser.gemma_match", "experiments.goldwaser.patch_match"),
                    # bf16_ways draws its table with patch_match's ways_table: a borrowing this check did not see
@@ -293,15 +293,15 @@ def heavy_imports(modules: list[str]) -> list[str]:
 
 
 def test_a_package_experiments_declaration_imports_nothing_heavy():
-    """An experiment that is a package (experiments/<paper>/<name>/__init__.py) declares EXPERIMENT there and
-    imports run.py, claims.py and plots.py only when run, plot or validate is called: `icl-exp list`, the
-    registry's get() and the package's light modules (system_compile/schema.py, imported by the paper's
-    schema) must not wait for torch."""
+    """Every experiment is a package whose __init__.py, its home, holds its config class, presets and
+    EXPERIMENT, and imports run.py, claims.py and plots.py only when run, plot or validate is called: `icl-exp
+    list`, every composition (which stores the config classes) and the registry's get() must not wait for
+    torch, nor for omegaconf (the config classes write its MISSING themselves)."""
     from experiments.core.registry import _module_name, experiment_names
 
     packages = [m for m in map(_module_name, experiment_names())
                 if (ROOT / Path(*m.split(".")) / "__init__.py").is_file()]
-    assert {"experiments.goldwaser.system_compile", "experiments.goldwaser.patch_match"} <= set(packages)
+    assert len(packages) == len(experiment_names())
     assert heavy_imports(packages) == []
     # the control: the run module behind a declaration does pull torch in
     assert "torch" in heavy_imports(["experiments.goldwaser.patch_match.run"])
@@ -326,13 +326,14 @@ def missing(targets: list[tuple[str, str]]) -> list[str]:
 
 
 def test_a_package_experiments_lazy_imports_resolve():
-    """What a declaration's run, plot and validate name exists (a name moved between run.py and plots.py
-    would otherwise show only when an experiment is run or plotted)."""
-    from experiments.core.registry import all_experiments
+    """What the registry's convention names for each experiment's run, plot and validate exists (a name moved
+    between run.py and plots.py would otherwise show only when an experiment is run or plotted)."""
+    from experiments.core.registry import all_experiments, experiment_names
 
     targets = sorted({t for exp in all_experiments() for t in later_targets(exp)})
-    assert len(targets) >= 8  # run and plot of each package experiment at least
+    assert len(targets) == 3 * len(experiment_names())  # run, plot and validate of each, all by convention
     assert missing(targets) == []
-    # the control: a declaration naming plot where plots.py has plot_all (the slip this test was written after)
-    assert missing([("experiments.goldwaser.context_compile.plots", "plot")]) == [
-        "experiments.goldwaser.context_compile.plots:plot"]
+    # the control: a name plots.py does not have (plot_all, its name before the convention: the slip this test
+    # was written after)
+    assert missing([("experiments.goldwaser.context_compile.plots", "plot_all")]) == [
+        "experiments.goldwaser.context_compile.plots:plot_all"]

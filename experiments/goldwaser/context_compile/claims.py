@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from experiments.core.results import RunContext
-from experiments.goldwaser.schema import ContextCompileConfig
+from experiments.goldwaser.context_compile import ContextCompileConfig
 
 REF = "Goldwaser §6 (extension): one fixed patch"
 CONSTRUCTION = REF + " (construction: a least-squares fit checked where it was fitted)"

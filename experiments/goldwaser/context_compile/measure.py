@@ -14,7 +14,7 @@ from torch import Tensor
 
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
-from experiments.goldwaser.schema import ContextCompileConfig
+from experiments.goldwaser.context_compile import ContextCompileConfig
 from experiments.patching.compare import comparable, logit_comparison
 
 log = logging.getLogger(__name__)

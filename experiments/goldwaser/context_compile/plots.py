@@ -63,7 +63,7 @@ def _figure_layers(m: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "fit_per_layer")
 
 
-def plot_all(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     if metrics.empty or "method" not in metrics or "top1_match" not in set(metrics["metric"]):
         return []
     paths = _figure_agreement(metrics[metrics["method"].notna()], figures_dir)

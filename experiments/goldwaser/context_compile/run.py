@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from experiments.core.errors import UserError
 from experiments.core.results import RunContext
-from experiments.goldwaser.schema import ContextCompileConfig
+from experiments.goldwaser.context_compile import ContextCompileConfig
 
 
 # -- config ---------------------------------------------------------------------------------------

@@ -31,13 +31,13 @@ from experiments.core.errors import UserError
 from experiments.core.progress import progress
 from experiments.core.results import RunContext
 from experiments.core.validation import require_positive
+from experiments.goldwaser.layer_errors import LayerErrorsConfig
 from experiments.goldwaser.layer_errors.claims import (
     algorithm1,
     check_claims,
     closed_loop_thm10_alone,
     conditioned_closed_loop,
 )
-from experiments.goldwaser.schema import LayerErrorsConfig
 from experiments.patching.kinds import ACTION, MATERIALIZED
 from experiments.patching.variants import VARIANTS
 

@@ -39,9 +39,9 @@ from experiments.goldwaser.common import (
     validate_model,
     weights_origin,
 )
+from experiments.goldwaser.patch_match import PatchMatchConfig, Sampling, StockCheck
 from experiments.goldwaser.patch_match.claims import check_claims
 from experiments.goldwaser.patch_match.plots import CONTEXT_IMAGE
-from experiments.goldwaser.schema import PatchMatchConfig, Sampling, StockCheck
 from experiments.patching.variants import VARIANTS
 
 log = logging.getLogger(__name__)

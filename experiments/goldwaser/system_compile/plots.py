@@ -145,7 +145,7 @@ def _figure_cost(m: pd.DataFrame, figures_dir: Path) -> list[Path]:
     return save_figure(fig, figures_dir, "kl_vs_compile_s")
 
 
-def plot_all(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
+def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     if metrics.empty or "method" not in metrics or "kl" not in set(metrics["metric"]):
         return []
     paths = _figure_heldout(metrics, figures_dir)

@@ -1,6 +1,7 @@
-"""system_compile's typed config, and its defaults (the one place they are written: conf/experiment/
-system_compile.yaml only names the experiment, the presets change a few keys). Torch-free: registered
-before every composition (experiments/goldwaser/schema.py stores it with Goldwaser's other schemas).
+"""system_compile's config class, SystemCompileConfig, its keys' types and their defaults (the one place they
+are written; what a preset changes is PRESETS in the package's __init__.py, its home). Its own module, beside
+the home, because the package's modules import it and its enums. Torch-free: registered before every
+composition (config_store.register_schemas).
 
 What composition cannot check (a positive rank or step count, a held-out split that leaves fit queries,
 a known behaviour check, a chat template that has a system turn) is experiment.validate()'s."""
@@ -11,11 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from omegaconf import MISSING
-
-from experiments.core.config_schema import experiment_schema
-from experiments.goldwaser.system_compile.behaviours import SYSTEM_PROMPTS
-from experiments.goldwaser.system_compile.queries import QUERIES
+from experiments.core.config_schema import MISSING, Common
 
 
 class Template(StrEnum):
@@ -62,18 +59,28 @@ class SystemPrompt:
 
 
 def _default_prompts() -> list[SystemPrompt]:
+    # imported here, not at the top: `icl-exp list` imports every experiment's home, this class with it, and
+    # the behaviours' checks (their language detector's module) are wanted only once a config is made
+    from experiments.goldwaser.system_compile.behaviours import SYSTEM_PROMPTS
+
     return [SystemPrompt(name, text, check) for name, text, check in SYSTEM_PROMPTS]
 
 
+def _default_queries() -> list[str]:
+    from experiments.goldwaser.system_compile.queries import QUERIES  # as _default_prompts': when a config is made
+
+    return list(QUERIES)
+
+
 @dataclass
-class SystemCompile:
+class SystemCompileConfig(Common):
     model: str = "qwen2.5-0.5b"  # an instruction-tuned model with a chat template (or a base one, template=prefix)
     template: Template = Template.chat
     query_format: str = "Question: {query}\nAnswer:"  # template=prefix: the query as the model reads it
     prompts: list[SystemPrompt] = field(default_factory=_default_prompts)
     system: str | None = None  # one system prompt from the command line (replaces prompts=), with check=
     check: str | None = None
-    queries: Any = field(default_factory=lambda: list(QUERIES))  # a list, or a text file with one query a line
+    queries: Any = field(default_factory=_default_queries)  # a list, or a text file with one query a line
     heldout: int = 16  # the last `heldout` queries are held out; the others are fitted on
     max_new_tokens: int = 48  # reply length: the reference reply, and every free generation
     stop_at_eos: str = "auto"  # end a reply at end of turn: auto = trained models only
@@ -107,8 +114,5 @@ class SystemCompile:
     format: Format = Format.merged  # save='s form (peft: analytic needs analytic_rank=, the adapter's rank)
 
 
-# A module attribute, so a composed config pickles (submitit sends it to the job).
-SystemCompileConfig = experiment_schema(SystemCompile)
-
-__all__ = ["Continuations", "FitPositions", "Format", "Method", "SystemCompile", "SystemCompileConfig", "SystemPrompt",
+__all__ = ["Continuations", "FitPositions", "Format", "Method", "SystemCompileConfig", "SystemPrompt",
            "Template"]
