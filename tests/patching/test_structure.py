@@ -109,24 +109,24 @@ def test_the_chosen_form_is_the_one_table_1_row_the_block_needs():
 def test_a_block_whose_tree_fits_no_form_is_refused_in_one_line_before_loading():
     """Falcon names its attention `self_attention`, which no form reads as the mixer: a weighted part beside
     the MLP that is not an MoE's router and experts is unknown, and the tree says so before anything loads."""
-    from experiments.zoo import architectures
+    from experiments.patching.load import require
 
     config = tiny.tiny_config("falcon", 300)
     with pytest.raises(UserError, match="model_type 'falcon' has no context-patching adapter and its module "
                                         "tree fits no form of Table 1: its decoder layer has weighted parts that "
                                         r"are neither its mixer, a norm nor its MLP \(self_attention\)") as err:
-        architectures.require(config)
+        require(config)
     assert "\n" not in str(err.value) and "falcon" not in STRUCTURAL
 
 
 def test_layers_with_different_mlps_are_refused_in_one_line_saying_why():
     """DeepSeek-V3's first layers are dense, the rest sparse: each needs its own output rule, and the engine
     holds one adapter per model; the line says so, before anything is loaded."""
-    from experiments.zoo import architectures
+    from experiments.patching.load import require
 
     with pytest.raises(UserError, match=r"its decoder layers have different MLPs \(DeepseekV3MLP .*DeepseekV3MoE .*"
                                         "the engine patches every layer through one adapter") as err:
-        architectures.require(tiny.tiny_config("deepseek_v3", 300))
+        require(tiny.tiny_config("deepseek_v3", 300))
     assert "\n" not in str(err.value)
 
 
@@ -185,10 +185,10 @@ def test_the_experts_biases_fit_k_positions_exactly_up_to_the_number_of_experts(
 def test_a_saved_tiny_checkpoint_of_a_family_without_a_file_loads_as_a_users_folder(tmp_path):
     """What docs/goldwaser.md's Table 1 sweep passes as model=FOLDER: the family is read from its tree."""
     from experiments.patching.arch import adapter_for
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
     folder = tiny.save_checkpoint("olmo3", tmp_path / "olmo3")
-    bundle = load_model(str(folder), torch.float32, torch.device("cpu"), seed=0)
+    bundle = load_checked(str(folder), torch.float32, torch.device("cpu"), seed=0)
     assert adapter_for(bundle.model.config.model_type).family == "structural (olmo3)"
     assert bundle.tokenizer("ab")["input_ids"]
 

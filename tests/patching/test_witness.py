@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from experiments.patching.load import load_checked
 from experiments.patching.patcher import Patcher
 from experiments.patching.witness import HookFound, Witness, foreign_hooks
-from experiments.zoo.loading import load_model
 from experiments.zoo.prompts import encode_prompt
 
 
 @pytest.fixture(scope="module")
 def llama():
-    return load_model("tiny-llama", torch.float64, "cpu", seed=0)
+    return load_checked("tiny-llama", torch.float64, "cpu", seed=0)
 
 
 def _witness(bundle) -> tuple[Patcher, Witness]:

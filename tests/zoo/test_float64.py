@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from experiments.patching.compare import comparable, logit_comparison
+from experiments.patching.load import load_checked
 from experiments.zoo.float64 import float64_inv_freq
-from experiments.zoo.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -21,7 +21,7 @@ def _rotaries(model):
 def test_rotary_inverse_frequencies_are_computed_in_float64(name):
     """Against Python's own double-precision pow (an independent computation), element by element; the stored
     buffer is float32-rounded and differs."""
-    model = load_model(name, torch.float64, "cpu", seed=0).model
+    model = load_checked(name, torch.float64, "cpu", seed=0).model
     for rotary in _rotaries(model):
         config = rotary.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -70,7 +70,7 @@ def test_a_float64_patched_pass_logs_float64_differences():
     from experiments.patching.patcher import Patcher
     from experiments.zoo.prompts import encode_prompt
 
-    bundle = load_model("tiny-llama", torch.float64, "cpu", seed=0)
+    bundle = load_checked("tiny-llama", torch.float64, "cpu", seed=0)
     steps = list(compare_generation(Patcher(bundle.model, "naive"), encode_prompt(bundle, "Hi there."), 3))
     rel = [logit_comparison(st.context, st.patched.logits)["logit_linf_rel"] for st in steps]
     assert all(st.patched.logits.dtype == torch.float64 and st.context.dtype == torch.float64 for st in steps)
