@@ -47,13 +47,13 @@ def main() -> None:
     import torch
 
     from experiments.core.runtime import resolve_dtype
+    from experiments.patching.load import load_checked
     from experiments.patching.patcher import Patcher
     from experiments.patching.rules.scale import scale_input
-    from experiments.zoo.loading import load_model
     from experiments.zoo.prompts import encode_prompt
 
     torch.set_num_threads(a.threads)
-    bundle = load_model(a.model, resolve_dtype(a.dtype), "cpu")
+    bundle = load_checked(a.model, resolve_dtype(a.dtype), "cpu")
     patcher = Patcher(bundle.model, "naive")
     adapter = patcher.adapter
     if not (adapter.rule.takes_ridge or adapter.rule.post_norm):  # a matrix (Thm 9) or a post-norm scale (Thm 10)

@@ -115,11 +115,11 @@ def load(model_name: str, dtype_name: str, device: str, threads: int):
     if threads:
         torch.set_num_threads(threads)
     from experiments.core.runtime import resolve_dtype
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
     from experiments.zoo.prompts import encode_prompt
 
     dev = bench_device(device)
-    bundle = load_model(model_name, resolve_dtype(dtype_name), dev, seed=0)
+    bundle = load_checked(model_name, resolve_dtype(dtype_name), dev, seed=0)
     inputs = encode_prompt(bundle, PROMPT, device=dev)
     gc.collect()
     return bundle, inputs

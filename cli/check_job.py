@@ -40,7 +40,8 @@ def check_model_name(cfg: DictConfig) -> None:
     model = cfg.get("model")
     if not isinstance(model, str) or "/" in model or Path(model).expanduser().exists():
         return
-    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS, TRAINED_OFFLINE_MODELS
+    from experiments.patching.load import RANDOM_OFFLINE_MODELS
+    from experiments.zoo.loading import TRAINED_OFFLINE_MODELS
 
     known = (*TRAINED_OFFLINE_MODELS, *RANDOM_OFFLINE_MODELS)  # the registry's trained ones too (qwen2.5-1.5 -> -1.5b)
     if model in known:

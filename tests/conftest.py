@@ -86,7 +86,7 @@ def qwen32():
     cores), its load takes seconds. Tests must leave its weights as they found them."""
     import torch
 
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
     require_bundled("qwen2.5-0.5b")
-    return load_model("qwen2.5-0.5b", torch.float32)
+    return load_checked("qwen2.5-0.5b", torch.float32)

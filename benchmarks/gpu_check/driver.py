@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUDGET_S = 450  # the steps' share of the 8 minutes: the rest is start-up, the summary and slack
 SUMMARY_S = 15
 LISTING = ("import json; from experiments.core.registry import experiment_names, paper_package; "
-           "from experiments.zoo.architectures import tiny_models; "
+           "from experiments.patching.families import tiny_models; "
            "print(json.dumps([{n: paper_package(n) for n in experiment_names()}, list(tiny_models())]))")
 
 

@@ -35,11 +35,11 @@ def validate_model(cfg, prompts: list[str], max_new_tokens: int) -> None:
     model. The variant's name the schema's Enum has checked."""
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.patching.arch import adapter_for
+    from experiments.patching.load import check_patchable
     from experiments.patching.variants import check_apply, check_variant
-    from experiments.zoo.loading import check_model
 
     dtype, device = resolve_dtype(cfg.dtype), resolve_device(cfg.device)
-    config = check_model(cfg.model, dtype, device)
+    config = check_patchable(cfg.model, dtype, device)
     if cfg.variant is not None:  # None: the experiment picks one for the family (patch_export)
         variant = check_variant(adapter_for(config.model_type), cfg.variant)
         if hasattr(cfg, "apply"):  # patch_export has no apply=: it exports materialized weights
@@ -72,11 +72,11 @@ def check_witness_fits(cfg, config, dtype, device, prompts: list[str], max_new_t
     bound = max(len(p.encode("utf-8")) for p in prompts) + extra + max_new_tokens
     if weights + reference_bytes(config, bound, max_new_tokens, width) <= free:
         return
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.vision import load_image
 
-    bundle = load_model(cfg.model, dtype, device, seed=cfg.seed)
+    bundle = load_checked(cfg.model, dtype, device, seed=cfg.seed)
     picture = load_image(cfg.image, cfg.seed) if image else None
     length = max(encode_prompt(bundle, p, picture, cfg.chat_template, device)["input_ids"].shape[1]
                  for p in prompts) + max_new_tokens
@@ -135,7 +135,7 @@ def token_text(tokenizer, token_id: int) -> str:
 
 def weights_origin(model: str) -> str:
     """Where the weights come from, for the console: a failed claim reads differently on random weights."""
-    from experiments.zoo.loading import weights_kind
+    from experiments.patching.load import weights_kind
 
     return {"random": "random weights (offline)", "trained": "trained weights (offline, from the package registry)",
             "local": "weights from a local folder", "hub": "weights from the hub"}[weights_kind(model)]
@@ -151,7 +151,7 @@ def flag_random_weights(ctx: RunContext, model: str) -> None:
     """The goldwaser claims state what the paper measured on a trained Gemma 3: on an offline model with
     random weights a failure describes those weights (e.g. the open loop's amplification), not the paper.
     Said after the claims, with the way to trained weights."""
-    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS
+    from experiments.patching.load import RANDOM_OFFLINE_MODELS
 
     claims = ctx.claims()
     failed = claims.loc[~claims["passed"].astype(bool), "id"].tolist() if len(claims) else []

@@ -4,8 +4,7 @@ Below the papers and below patching, so that both can use it without climbing:
 
     core, data            errors, run folders, the cache folder
       ^
-    zoo                   imports only core, data and itself (and, at call time, patching.arch:
-                          see architectures.py)
+    zoo                   imports only core, data and itself
       ^
     patching              context -> weights; imports zoo, core, data
       ^
@@ -17,8 +16,10 @@ tests/zoo/test_layering.py reads every module's imports and fails on one that cl
 
 One job per file:
 - loading.py         a model by name (`load_model`, `check_model`): hub ids, local folders, GGUF, the
-                     offline random models of the non-Gemma families (`tiny_config`); memory checked
+                     offline random models (the catalog's tiny ones: `tiny_config`); memory checked
                      before anything is allocated
+- catalog.py         what a caller above the zoo tells the loader (`Catalog`): more offline models, a
+                     config's check, loader keywords, the loaded model's check
 - gemma.py           the offline Gemma 3 models (tiny text, 1B shape, tiny vision)
 - gguf.py            a GGUF (a registry model, PATH.gguf) converted once into a cached checkpoint folder
 - bundled_gguf.py    the registry's trained models (one table: 270M, 0.5B, 1.5B): chunk packages located as
@@ -33,16 +34,12 @@ One job per file:
 - vision.py          context images: a file or a seeded synthetic one
 - threads.py         one CPU thread for small models
 - quiet.py           transformers' logging off while loading
-- architectures.py   the zoo's one window onto the adapters: which architectures are worth loading
 
-What the zoo needs from above it, it asks through architectures.py, inside functions only:
-- which architectures can be patched (an adapter in experiments/patching/arch/, or Llama's module names
-  read on the meta device), checked before a weight is read or a GGUF converted; and, once a model is
-  loaded, its adapter checked against its stock decoder layers (`check_block`);
-- the adapters' tiny test models (names and configs) and what an adapter asks of the loader
-  (`load_kwargs`). loading.py asks for the names once, when it is imported: importing zoo.loading
-  imports the adapters; the rest of the zoo, which patching uses, never imports patching.
-Chosen over a registry that patching fills when it is imported: with that, what `load_model` accepts
-would depend on what the caller happened to import first. The cycle test keeps patching from importing
-zoo.loading (which would close a cycle); test_layering allows exactly this window, inside functions only.
+The zoo imports nothing above it, not even inside a function (tests/zoo/test_layering.py). What patching
+knows about loading (which architectures can be patched, checked before a weight is read or a GGUF
+converted; the adapter checked against the loaded model's stock decoder layers; the families' tiny test
+models; what an adapter asks of `from_pretrained`) reaches the loader as an argument, a `Catalog`
+(catalog.py) that patching/load.py builds and passes: `load_checked`, `check_patchable`. Chosen over a
+registry that patching fills when it is imported: with that, what `load_model` accepts would depend on what
+the caller happened to import first.
 """

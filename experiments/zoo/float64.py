@@ -6,7 +6,9 @@ not float64 end to end:
 - rotary tables (`position_ids.float() * inv_freq.float()`, then cos/sin in float32), from inverse
   frequencies that transformers computes in float32 (`1 / base ** (arange / dim)` rounded to float32);
 - eager attention's softmax (`softmax(..., dtype=float32)`): float64 models run SDPA instead, which
-  computes in the inputs' dtype.
+  computes in the inputs' dtype; where SDPA cannot run the block (soft-capped attention logits, Gemma 2's,
+  which SDPA refuses), eager attention's own formula with its softmax in float64 (`EAGER_FLOAT64`,
+  registered with transformers' attention and mask interfaces under its own name).
 `exact_float64_(model)` gives those modules an instance `forward` that computes in float64: the same
 formula, the same parameters, no rounding to float32 anywhere; the rotary inverse frequencies are computed
 again in float64 from the config (`float64_inv_freq`: the default, linear and llama3 rope types; another
@@ -47,8 +49,44 @@ def exact_float64_(model: nn.Module) -> nn.Module:
                 module.forward = types.MethodType(_rotary_forward, module)
     for config in (getattr(model, "config", None), getattr(getattr(model, "config", None), "text_config", None)):
         if config is not None and getattr(config, "_attn_implementation", None) == "eager":
-            config._attn_implementation = "sdpa"  # eager's softmax is float32; SDPA's is the inputs' dtype
+            # eager's softmax is float32; SDPA's is the inputs' dtype, but SDPA refuses soft-capped logits
+            config._attn_implementation = EAGER_FLOAT64 if _soft_caps(config) else "sdpa"
     return model
+
+
+EAGER_FLOAT64 = "eager_float64"  # its name among transformers' attention implementations
+
+
+def _soft_caps(config) -> bool:
+    if not getattr(config, "attn_logit_softcapping", None):
+        return False
+    _register_eager_float64()
+    return True
+
+
+def _eager_float64_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                             softcap: float | None = None, **_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention as transformers writes it (grouped keys repeated, logits scaled, soft-capped, masked),
+    its softmax in the inputs' dtype instead of float32. Eval mode only: no dropout."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    logits = query @ key.transpose(2, 3) * (module.head_dim ** -0.5 if scaling is None else scaling)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if attention_mask is not None:
+        logits = logits + attention_mask
+    weights = torch.softmax(logits, dim=-1)
+    return (weights @ value).transpose(1, 2).contiguous(), weights
+
+
+def _register_eager_float64() -> None:
+    """EAGER_FLOAT64 among transformers' attention functions, with eager's additive mask (registered once)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(EAGER_FLOAT64, _eager_float64_attention)
+    AttentionMaskInterface.register(EAGER_FLOAT64, eager_mask)
 
 
 def float64_forward(module: nn.Module) -> bool:

@@ -2,13 +2,15 @@
 
 An exported checkpoint counts only if stock transformers, with nothing of this process in memory (no
 patcher, no cached module, no hook), reproduces what the export says it holds. `fresh_logits(folder, ...)`
-runs this module as `python -m experiments.zoo.fresh_reload FOLDER QUERY_ID DTYPE DEVICE OUT`: it loads
-FOLDER with `zoo.float64.reload_float64` (stock `from_pretrained`; float64 end to end for float64), feeds the
-query token alone and saves the logits (float64 for a float64 model, float32 otherwise) to OUT.
+runs this module as `python -m experiments.zoo.fresh_reload FOLDER QUERY_ID DTYPE DEVICE OUT [KWARGS_JSON]`:
+it loads FOLDER with `zoo.float64.reload_float64` (stock `from_pretrained`, with the keywords the caller's
+catalog asks for the config, zoo/catalog.py; float64 end to end for float64), feeds the query token alone and
+saves the logits (float64 for a float64 model, float32 otherwise) to OUT.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -17,13 +19,16 @@ from pathlib import Path
 import torch
 
 
-def fresh_logits(folder: Path, query_id: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The checkpoint in `folder` fed `query_id` alone, in a fresh process; the logits on `device`. A reload
-    that fails raises RuntimeError with the child's last line."""
+def fresh_logits(folder: Path, query_id: int, dtype: torch.dtype, device: torch.device,
+                 load_kwargs: dict | None = None) -> torch.Tensor:
+    """The checkpoint in `folder` fed `query_id` alone, in a fresh process, loaded with `load_kwargs` (what the
+    caller's catalog asks: an MoE's eager experts); the logits on `device`. A reload that fails raises
+    RuntimeError with the child's last line."""
     name = str(dtype).removeprefix("torch.")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "logits.pt"
-        res = subprocess.run([sys.executable, "-m", __name__, str(folder), str(query_id), name, str(device), str(out)],
+        res = subprocess.run([sys.executable, "-m", __name__, str(folder), str(query_id), name, str(device), str(out),
+                              json.dumps(load_kwargs or {})],
                              capture_output=True, text=True)
         if res.returncode != 0:
             last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -31,16 +36,12 @@ def fresh_logits(folder: Path, query_id: int, dtype: torch.dtype, device: torch.
         return torch.load(out, weights_only=True).to(device)
 
 
-def _main(folder: str, query_id: str, dtype: str, device: str, out: str) -> None:
-    from transformers import AutoConfig
-
+def _main(folder: str, query_id: str, dtype: str, device: str, out: str, load_kwargs: str = "{}") -> None:
     from experiments.zoo.float64 import reload_float64
-    from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
     with quiet_transformers():
-        config = AutoConfig.from_pretrained(folder)
-        model = reload_float64(folder, getattr(torch, dtype), **implementation_kwargs(config)).to(device)
+        model = reload_float64(folder, getattr(torch, dtype), **json.loads(load_kwargs)).to(device)
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[int(query_id)]], device=device)).logits[0, -1]
     # compared in float64 for a float64 model, in float32 otherwise (patching/compare.logit_dtype)

@@ -5,7 +5,9 @@
   random weights, for the speed/memory benchmark;
 - `tiny-gemma3-vision`: a small random Gemma3ForConditionalGeneration (SigLIP tower + projector) with a
   Gemma3Processor around the same byte-level tokenizer, for the image-context test.
-The other families' offline models are in zoo/loading.py (`tiny_config`), which also dispatches here.
+tiny-gemma3's config is written here, beside the other two, and Gemma's adapter carries it as its tiny model
+(patching/arch/gemma3.py); the other families' tiny configs sit beside their adapters, and reach the loader
+through patching's catalog (zoo/catalog.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from experiments.core.errors import UserError
-from experiments.zoo import architectures
 from experiments.zoo.random_weights import randomize_
 from experiments.zoo.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, byte_tokenizer
 
@@ -21,8 +22,17 @@ RANDOM_GEMMA_MODELS = ("tiny-gemma3", "gemma3-1b-random", "tiny-gemma3-vision")
 
 
 def tiny_text_config(vocab_size: int):
-    """tiny-gemma3's config: the Gemma adapter carries it (patching/arch/gemma3.py)."""
-    return architectures.tiny_config("tiny-gemma3", vocab_size)
+    """tiny-gemma3: 4 layers alternating sliding-window (window 16) and global attention, GQA 4:2, GeGLU 128."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=16, sliding_window_pattern=2, max_position_embeddings=4096,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        # Untied: with a tied output a random model's top token is the query token itself, forever.
+        tie_word_embeddings=False,
+    )
 
 
 def gemma3_1b_config():

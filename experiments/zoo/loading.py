@@ -1,17 +1,16 @@
 """A model by name, for every experiment and for patching: what `model=` accepts.
 
 `load_model(name, dtype, device, seed)` takes
-- a hub id or a local checkpoint folder (`from_pretrained`); its `model_type` must have a context-patching
-  adapter, or a decoder layer with Llama's module names (tried with Llama's adapter), asked through
-  zoo/architectures.py; once loaded, the adapter is checked against the stock layers (patching/arch/check.py);
+- a hub id or a local checkpoint folder (`from_pretrained`): any causal LM transformers can build; a caller
+  above the zoo narrows that and checks the loaded model through its `Catalog` (zoo/catalog.py: patching's,
+  patching/load.py, accepts what can be patched and checks the adapter against the stock layers);
 - `gemma-3-270m`, `qwen2.5-0.5b`, `qwen2.5-1.5b` (TRAINED_OFFLINE_MODELS: trained weights the package
   registry ships, zoo/bundled_gguf.py) or `PATH.gguf`: a GGUF converted once into a cached checkpoint folder
   (zoo/gguf.py);
-- an offline random model (RANDOM_OFFLINE_MODELS): the Gemma 3 ones of zoo/gemma.py (tiny-gemma3,
-  gemma3-1b-random, tiny-gemma3-vision), every other family's tiny model (tiny-<family>, one per record of
-  patching/families.py: 4 layers, d = 64, the stock transformers classes, each config beside its adapter in
-  patching/arch/, asked through zoo/architectures.py) and llama3.2-1b-random (Llama 3.2 1B's shape) built
-  here, all with the same byte-level tokenizer and chat template (zoo/tokenizer.py).
+- an offline random model (`random_offline(catalog)`): the Gemma 3 ones of zoo/gemma.py (tiny-gemma3,
+  gemma3-1b-random, tiny-gemma3-vision), llama3.2-1b-random (Llama 3.2 1B's shape) built here, and those the
+  catalog adds (patching's: every family's tiny model, tiny-<family>, its config beside its adapter), all with
+  the same byte-level tokenizer and chat template (zoo/tokenizer.py).
 
 Before anything is allocated, the model's size is computed on the meta device and compared with the
 memory available: a model that cannot fit fails in one line (a registry model, from its table row, before
@@ -32,41 +31,49 @@ import torch
 
 from experiments.core.errors import UserError, first_line
 from experiments.core.runtime import RUN_GPUS
-from experiments.zoo import architectures, gemma
+from experiments.zoo import gemma
 from experiments.zoo.bundle import ModelBundle
 from experiments.zoo.bundled_gguf import BUNDLED
+from experiments.zoo.catalog import PLAIN, Catalog
 from experiments.zoo.float64 import exact_float64_
 from experiments.zoo.quiet import quiet_transformers
 from experiments.zoo.random_weights import randomize_
 from experiments.zoo.tokenizer import byte_tokenizer
 
-TINY_ARCHITECTURES = architectures.tiny_models()  # one tiny random model per adapter, named by the adapter
-# random weights, built here without the hub: the tiny test models and two real shapes (for benchmarks)
-RANDOM_OFFLINE_MODELS = (*gemma.RANDOM_GEMMA_MODELS,
-                         *(n for n in TINY_ARCHITECTURES if n not in gemma.RANDOM_GEMMA_MODELS), "llama3.2-1b-random")
 TRAINED_OFFLINE_MODELS = tuple(BUNDLED)  # trained weights from the package registry (zoo/bundled_gguf.py)
-FIX_HINT = ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
-            "HF_TOKEN=...), pass a local checkpoint folder as model=PATH, or use an offline model: "
-            f"model={' | '.join(TRAINED_OFFLINE_MODELS + RANDOM_OFFLINE_MODELS)} "
-            "(or preset=cpu, which runs one offline)")
-FOLDER_FIX_HINT = ("fix: the folder needs what `save_pretrained` writes for the model and its tokenizer "
-                   "(config.json, model.safetensors or pytorch_model.bin, tokenizer files), or use an offline "
-                   f"model: model={' | '.join(RANDOM_OFFLINE_MODELS)}")
 MEMORY_HEADROOM = 1.3  # the weights plus activations, caches and the patched copies of one layer
 
 
-def _fix_hint(where: str) -> str:
-    """A local folder cannot be gated or unreachable: its fix is its content."""
-    return FOLDER_FIX_HINT if where == "local folder" else FIX_HINT
+def random_offline(catalog: Catalog = PLAIN) -> tuple[str, ...]:
+    """The offline random models (built here without the hub): the Gemma ones, the catalog's tiny test models,
+    one real shape for benchmarks."""
+    extra = (n for n in catalog.offline if n not in gemma.RANDOM_GEMMA_MODELS)
+    return (*gemma.RANDOM_GEMMA_MODELS, *extra, "llama3.2-1b-random")
+
+
+RANDOM_OFFLINE_MODELS = random_offline()  # the zoo's own; a catalog adds its own (patching/load.py)
+
+
+def fix_hint(where: str, offline: tuple[str, ...] = RANDOM_OFFLINE_MODELS) -> str:
+    """What to do when a model cannot be had (`offline`: the offline random models to offer). A local folder
+    cannot be gated or unreachable: its fix is its content."""
+    if where == "local folder":
+        return ("fix: the folder needs what `save_pretrained` writes for the model and its tokenizer "
+                "(config.json, model.safetensors or pytorch_model.bin, tokenizer files), or use an offline "
+                f"model: model={' | '.join(offline)}")
+    return ("fixes: for a gated model accept its licence on huggingface.co and log in (`hf auth login` or "
+            "HF_TOKEN=...), pass a local checkpoint folder as model=PATH, or use an offline model: "
+            f"model={' | '.join(TRAINED_OFFLINE_MODELS + offline)} "
+            "(or preset=cpu, which runs one offline)")
 
 
 # -- offline random models ---------------------------------------------------------------------------
-def tiny_config(name: str, vocab_size: int):
-    """The transformers config of a tiny random model, from its adapter (patching/arch/): 4 layers,
-    d = 64, 4 heads, untied output layer."""
-    if name not in TINY_ARCHITECTURES:
-        raise UserError(f"unknown offline model {name!r}; known: {', '.join(RANDOM_OFFLINE_MODELS)}")
-    return architectures.tiny_config(name, vocab_size)
+def tiny_config(name: str, vocab_size: int, catalog: Catalog = PLAIN):
+    """The transformers config of a tiny random model the catalog names (patching's: 4 layers, d = 64, 4 heads,
+    untied output layer, each beside its adapter)."""
+    if name not in catalog.offline:
+        raise UserError(f"unknown offline model {name!r}; known: {', '.join(random_offline(catalog))}")
+    return catalog.offline[name](vocab_size)
 
 
 def llama32_1b_config(vocab_size: int = 128256):
@@ -81,7 +88,7 @@ def llama32_1b_config(vocab_size: int = 128256):
                        bos_token_id=2, eos_token_id=1, pad_token_id=0)
 
 
-def offline_config(name: str):
+def offline_config(name: str, catalog: Catalog = PLAIN):
     """The config of an offline model (Gemma ones included), without building it."""
     tok_len = len(byte_tokenizer())
     if name == "tiny-gemma3":
@@ -92,24 +99,19 @@ def offline_config(name: str):
         return gemma.tiny_vision_config(tok_len)
     if name == "llama3.2-1b-random":
         return llama32_1b_config()
-    return tiny_config(name, tok_len)
+    return tiny_config(name, tok_len, catalog)
 
 
-def build_offline(name: str, seed: int):
-    """(model, tokenizer, processor) of one of RANDOM_OFFLINE_MODELS, in float32, weights drawn from `seed`."""
+def build_offline(name: str, seed: int, catalog: Catalog = PLAIN):
+    """(model, tokenizer, processor) of an offline random model, in float32, weights drawn from `seed`."""
     if name in gemma.RANDOM_GEMMA_MODELS:
         return gemma.build_offline(name, seed)
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = offline_config(name)
-    model = AutoModelForCausalLM.from_config(config, **implementation_kwargs(config))
+    config = offline_config(name, catalog)
+    model = AutoModelForCausalLM.from_config(config, **catalog.load_kwargs(config))
     return randomize_(model, seed), byte_tokenizer(), None
-
-
-def implementation_kwargs(config) -> dict:
-    """What the architecture's adapter asks of the loader (Mixtral: experts run eagerly, patching/arch/)."""
-    return architectures.load_kwargs(config.model_type)
 
 
 # -- memory ------------------------------------------------------------------------------------------
@@ -192,19 +194,19 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def resolve_config(name: str):
+def resolve_config(name: str, catalog: Catalog = PLAIN):
     """(config, local_files_only) for a hub id or a folder; one UserError line when it cannot be had. Resolved
     once a process for each name (a folder: each version of its config.json): the command line's check, the
     job's own check and the loader ask for the same one, and a hub id costs a request each time. A copy is
     returned, so that no caller changes another's."""
     path = Path(name).expanduser()
     stamp = (path / "config.json").stat().st_mtime_ns if (path / "config.json").is_file() else None
-    config, local_only = _resolve_config(name, stamp)
+    config, local_only = _resolve_config(name, stamp, random_offline(catalog))
     return copy.deepcopy(config), local_only
 
 
 @functools.lru_cache(maxsize=64)
-def _resolve_config(name: str, stamp: int | None):
+def _resolve_config(name: str, stamp: int | None, offline: tuple[str, ...]):
     from transformers import AutoConfig
 
     path = Path(name).expanduser()
@@ -212,7 +214,7 @@ def _resolve_config(name: str, stamp: int | None):
         if not path.is_dir() or not (path / "config.json").is_file():
             raise UserError(f"model={name!r} is a local path without config.json; give a Hugging Face checkpoint "
                             f"folder (config.json + weights), a hub id, or an offline model "
-                            f"({', '.join(RANDOM_OFFLINE_MODELS)})")
+                            f"({', '.join(offline)})")
         where, local_only = "local folder", True
     else:
         where, local_only = "hub id", not hub_reachable()
@@ -222,57 +224,58 @@ def _resolve_config(name: str, stamp: int | None):
     except Exception as err:  # OSError (no network / gated / not found), ValueError, HTTP errors...
         why = "the hub is unreachable and it is not in the local cache" if local_only and where == "hub id" \
             else first_line(err)
-        raise UserError(f"cannot load model {name!r} ({where}): {why}; {_fix_hint(where)}") from None
+        raise UserError(f"cannot load model {name!r} ({where}): {why}; {fix_hint(where, offline)}") from None
     return config, local_only
 
 
-def weights_kind(name: str) -> str:
+def weights_kind(name: str, catalog: Catalog = PLAIN) -> str:
     """Where a model's weights come from, in a word: trained (offline, from the package registry), random (an
     offline test model), local (a folder or GGUF here) or hub. A failed claim reads differently on each."""
-    if name in RANDOM_OFFLINE_MODELS:
+    if name in random_offline(catalog):
         return "random"
     if name in TRAINED_OFFLINE_MODELS:
         return "trained"
     return "local" if Path(name).expanduser().exists() else "hub"
 
 
-def model_label(name: str) -> str:
+def model_label(name: str, catalog: Catalog = PLAIN) -> str:
     """`gemma-3-270m (trained)`: what run.json and the report say a run's claims were measured on."""
-    return f"{name} ({weights_kind(name)})"
+    return f"{name} ({weights_kind(name, catalog)})"
 
 
-def local_checkpoint(name: str) -> str:
+def local_checkpoint(name: str, catalog: Catalog = PLAIN) -> str:
     """`name` itself, or for a GGUF (a registry model such as qwen2.5-0.5b, or PATH.gguf) its converted folder in
-    the cache."""
+    the cache (its architecture put to `catalog.require` before any weight is read)."""
     from experiments.zoo import gguf
 
-    return str(gguf.checkpoint_folder(name)) if gguf.is_gguf_model(name) else name
+    return str(gguf.checkpoint_folder(name, catalog=catalog)) if gguf.is_gguf_model(name) else name
 
 
-def check_model(name: str, dtype: torch.dtype, device: torch.device | str):
-    """Everything that can be checked before a run folder exists: the config can be had, the
-    architecture has an adapter (zoo/architectures.py), the model fits in memory. Returns the config."""
+def check_model(name: str, dtype: torch.dtype, device: torch.device | str, catalog: Catalog = PLAIN):
+    """Everything that can be checked before a run folder exists: the config can be had, the catalog accepts it
+    (`catalog.require`: patching's asks whether it can be patched), the model fits in memory. Returns the
+    config."""
     name = str(name)
     if not name.strip():  # every experiment's model= comes here first: the one place that says so
         raise UserError("model= is empty: give a hub id, a local folder, or an offline model such as tiny-llama")
-    if name in RANDOM_OFFLINE_MODELS:
-        config = offline_config(name)
+    if name in random_offline(catalog):
+        config = offline_config(name, catalog)
     else:
         if name in BUNDLED:
             check_bundled_fits(name, dtype, device)
-        config, _ = resolve_config(local_checkpoint(name))
-    architectures.require(config)
+        config, _ = resolve_config(local_checkpoint(name, catalog), catalog)
+    catalog.require(config)
     check_fits(name, config, dtype, device)
     return config
 
 
-def _from_pretrained(name: str, dtype: torch.dtype, local_only: bool):
+def _from_pretrained(name: str, dtype: torch.dtype, local_only: bool, catalog: Catalog):
     from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer
 
     where = "local folder" if Path(name).expanduser().exists() else "hub id"
     try:
         with quiet_transformers():
-            config, _ = resolve_config(name)
+            config, _ = resolve_config(name, catalog)
             if config.model_type == "gemma3":
                 from transformers import Gemma3ForConditionalGeneration
 
@@ -280,29 +283,31 @@ def _from_pretrained(name: str, dtype: torch.dtype, local_only: bool):
                 processor = AutoProcessor.from_pretrained(name, local_files_only=local_only)
                 return model, processor.tokenizer, processor
             model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=local_only,
-                                                         **implementation_kwargs(config))
+                                                         **catalog.load_kwargs(config))
             return model, AutoTokenizer.from_pretrained(name, local_files_only=local_only), None
     except UserError:
         raise
     except Exception as err:
-        raise UserError(f"cannot load model {name!r} ({where}): {first_line(err)}; {_fix_hint(where)}") from None
+        hint = fix_hint(where, random_offline(catalog))
+        raise UserError(f"cannot load model {name!r} ({where}): {first_line(err)}; {hint}") from None
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-               seed: int = 0) -> ModelBundle:
-    """The model `name` (see the module docstring) in `dtype` on `device`, in eval mode."""
+               seed: int = 0, catalog: Catalog = PLAIN) -> ModelBundle:
+    """The model `name` (see the module docstring) in `dtype` on `device`, in eval mode, checked by `catalog`
+    before and after loading (patching/load.py's `load_checked` passes patching's)."""
     name = str(name)
-    config = check_model(name, dtype, device)
-    if name in RANDOM_OFFLINE_MODELS:
-        model, tok, processor = build_offline(name, seed)
+    config = check_model(name, dtype, device, catalog)
+    if name in random_offline(catalog):
+        model, tok, processor = build_offline(name, seed, catalog)
         model = model.to(dtype)
         is_random = True
     else:
-        path = local_checkpoint(name)
-        _, local_only = resolve_config(path) if not Path(path).expanduser().exists() else (config, True)
-        model, tok, processor = _from_pretrained(path, dtype, local_only)
+        path = local_checkpoint(name, catalog)
+        _, local_only = resolve_config(path, catalog) if not Path(path).expanduser().exists() else (config, True)
+        model, tok, processor = _from_pretrained(path, dtype, local_only, catalog)
         is_random = False
     model = exact_float64_(model.to(device).eval())  # float64 models: no float32 step left (zoo/float64.py)
     model.requires_grad_(False)
-    architectures.check_block(model)  # the adapter against the stock layers, once per layer structure
+    catalog.check_loaded(model)  # patching's: the adapter against the stock layers, once per layer structure
     return ModelBundle(name=name, model=model, tokenizer=tok, processor=processor, is_random=is_random)

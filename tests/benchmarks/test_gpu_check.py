@@ -17,7 +17,7 @@ from benchmarks.gpu_check.cuda import no_cuda_line
 from benchmarks.gpu_check.steps import Deadline, Step, run_lanes
 from benchmarks.gpu_peaks import describe, peak_bf16
 from experiments.core.registry import experiment_names, paper_package
-from experiments.zoo.architectures import tiny_models
+from experiments.patching.families import tiny_models
 
 ROOT = Path(__file__).resolve().parents[2]
 

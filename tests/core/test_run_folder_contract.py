@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from experiments.core import registry
 from experiments.core.results import CLAIM_COLUMNS
-from experiments.zoo.loading import model_label
+from experiments.patching.load import model_label
 from tests.helpers.figures import assert_drawn
 
 TIDY = ["experiment", "run_id", "metric", "value"]

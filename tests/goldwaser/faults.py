@@ -150,15 +150,15 @@ def inject(monkeypatch, fault: str) -> None:
         from contextlib import nullcontext
 
         from experiments.patching import export
+        from experiments.patching.load import load_checked
         from experiments.zoo import float64
-        from experiments.zoo.loading import load_model
 
         monkeypatch.setattr(export, "patched_weights", lambda model, tensors: nullcontext(model))
         reload = float64.reload_float64
 
         def unpatched(folder, dtype, **kwargs):
             model = reload(folder, dtype, **kwargs)
-            model.load_state_dict(load_model("tiny-llama", dtype).model.state_dict())
+            model.load_state_dict(load_checked("tiny-llama", dtype).model.state_dict())
             return model
 
         monkeypatch.setattr(float64, "reload_float64", unpatched)
@@ -270,7 +270,7 @@ def main(fault: str, out: str, *runs: str) -> None:
     import pandas as pd
 
     from experiments.core.errors import UserError
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
     from tests.helpers.in_process import run_claims
 
     folder = Path(out)
@@ -279,7 +279,7 @@ def main(fault: str, out: str, *runs: str) -> None:
     # first, a fault in the rank-1 update or Lemma 6 makes that check refuse the run: a second line of defence,
     # but one that would leave the claims untested
     for name in sorted({o.split("=", 1)[1] for run in runs for o in RUNS[run] if o.startswith("model=")}):
-        load_model(name, torch.float64, "cpu", seed=0)
+        load_checked(name, torch.float64, "cpu", seed=0)
     with pytest.MonkeyPatch.context() as mp:
         if fault != "honest":
             inject(mp, fault)

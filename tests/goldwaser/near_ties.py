@@ -27,7 +27,7 @@ def near_tie_misses(run_dir: Path) -> list[dict]:
     """Every top-1 miss of a patch_match / gemma_match run, with the with-context top-2 gap and the
     bound it is judged against (BF16_ULPS ulps of bfloat16 at max |logit|)."""
     from experiments.goldwaser.common import prompt_list
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
     from experiments.zoo.prompts import encode_prompt
 
     cfg = OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml")
@@ -35,7 +35,7 @@ def near_tie_misses(run_dir: Path) -> list[dict]:
     top1 = m[m["metric"] == "top1_match"].sort_values(["prompt", "step"])
     if (top1["value"] == 1.0).all():
         return []
-    bundle = load_model(cfg.model, torch.bfloat16, "cpu", seed=int(cfg.seed))
+    bundle = load_checked(cfg.model, torch.bfloat16, "cpu", seed=int(cfg.seed))
     out = []
     for p, text in enumerate(prompt_list(cfg)):
         ids = encode_prompt(bundle, text, None, bool(cfg.chat_template), "cpu")["input_ids"]

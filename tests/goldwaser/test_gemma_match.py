@@ -131,9 +131,10 @@ def test_a_model_too_large_for_the_memory_is_one_line(monkeypatch):
     import torch
 
     from experiments.core.errors import UserError
+    from experiments.patching.load import check_patchable
     from experiments.zoo import loading
 
     monkeypatch.setattr(loading, "available_bytes", lambda device: 2 * 2**30)  # 2 GiB free
     with pytest.raises(UserError, match=r"model 'gemma3-1b-random' \(1\.\d\dB parameters\) needs about .* GiB"):
-        loading.check_model("gemma3-1b-random", torch.float32, "cpu")
-    loading.check_model("tiny-llama", torch.float32, "cpu")  # the control: a small one fits
+        check_patchable("gemma3-1b-random", torch.float32, "cpu")
+    check_patchable("tiny-llama", torch.float32, "cpu")  # the control: a small one fits

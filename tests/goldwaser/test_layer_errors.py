@@ -105,9 +105,9 @@ def test_the_random_direction_is_made_where_x_is_and_the_same_on_every_device():
 
 @pytest.fixture(scope="module")
 def tiny64():
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
-    return load_model("tiny-gemma3", torch.float64).model
+    return load_checked("tiny-gemma3", torch.float64).model
 
 
 def _query_and_caps(model, variant: str):
@@ -348,11 +348,11 @@ def test_real_gemma_float64_closed_loop_exact_and_open_loop_measured():
     """One token after a short prompt, float64 end to end: the closed loop is exact at float64 rounding at
     every layer; the open loop's error starts at rounding level (how far it grows depends on the CPU's kernels:
     the claims measure it, no test asserts it)."""
+    from experiments.patching.load import load_checked
     from experiments.patching.patcher import Patcher
-    from experiments.zoo.loading import load_model
     from experiments.zoo.prompts import encode_prompt
 
-    bundle = load_model("gemma-3-270m", torch.float64)
+    bundle = load_checked("gemma-3-270m", torch.float64)
     ids = encode_prompt(bundle, "Why is the sky blue?")["input_ids"]
     rows = []
     for variant in ("naive", "closed_loop"):

@@ -54,6 +54,6 @@ def test_a_run_names_its_model_and_ends_with_the_note(tmp_path, caplog):
 
 
 def test_the_offline_hint_names_preset_cpu():
-    from experiments.zoo.loading import FIX_HINT
+    from experiments.patching.load import FIX_HINT
 
     assert "preset=cpu" in FIX_HINT

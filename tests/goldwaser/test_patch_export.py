@@ -138,10 +138,10 @@ def test_a_float64_reload_computes_as_the_model_that_saved_it(tmp_path):
 
     from experiments.core.atomic import save_pretrained
     from experiments.patching.compare import logit_comparison
+    from experiments.patching.load import load_checked
     from experiments.zoo.float64 import reload_float64
-    from experiments.zoo.loading import load_model
 
-    bundle = load_model("tiny-llama", torch.float64)
+    bundle = load_checked("tiny-llama", torch.float64)
     save_pretrained(bundle.model, tmp_path / "m")
     ids = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
     with torch.no_grad():

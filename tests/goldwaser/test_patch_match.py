@@ -140,12 +140,12 @@ def test_a_local_folder_without_weights_names_what_the_folder_lacks(tmp_path):
     from transformers import LlamaConfig
 
     from experiments.core.errors import UserError
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
     LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, intermediate_size=32,
                 num_attention_heads=2, num_key_value_heads=2).save_pretrained(tmp_path)
     with pytest.raises(UserError) as err:
-        load_model(str(tmp_path))
+        load_checked(str(tmp_path))
     message = str(err.value)
     assert "local folder" in message and "save_pretrained" in message and "licence" not in message
     assert "\n" not in message
@@ -166,12 +166,12 @@ def _cached_claim(tmp_path, prefill_from_another_prompt: bool) -> tuple[bool, pd
 
     from experiments.goldwaser.patch_match.run import log_judged, log_step
     from experiments.patching.generate import compare_generation, reference_for
+    from experiments.patching.load import load_checked
     from experiments.patching.patcher import Patcher
     from experiments.patching.witness import Witness
-    from experiments.zoo.loading import load_model
     from experiments.zoo.prompts import encode_prompt
 
-    bundle = load_model("tiny-llama", torch.float32, "cpu", seed=0)
+    bundle = load_checked("tiny-llama", torch.float32, "cpu", seed=0)
     patcher = Patcher(bundle.model, "naive")
     if prefill_from_another_prompt:  # the with-context cache built from other tokens than the prompt's
         prefill = patcher.prefill

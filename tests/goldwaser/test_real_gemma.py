@@ -20,9 +20,9 @@ TOKENS = 2
 
 
 def load(dtype):
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
-    return load_model("gemma-3-270m", dtype)
+    return load_checked("gemma-3-270m", dtype)
 
 
 @pytest.fixture(scope="module")

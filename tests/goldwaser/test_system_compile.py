@@ -264,7 +264,7 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     from transformers import AutoModelForCausalLM
 
     from experiments.goldwaser.system_compile.replies import kl_rows
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
     out = tmp_path / method
     # the analytic one fitted on sampled continuations (two a fit query), truncated to rank 3 and regularized
@@ -279,7 +279,7 @@ def test_patch_compile_writes_a_stock_checkpoint_that_gives_what_it_measured(tmp
     # stock transformers on the folder, fed each held-out query WITHOUT the system prompt, against the original
     # model given it (the tiny model is rebuilt from its seed): the KL the run measured, computed again here
     stock = AutoModelForCausalLM.from_pretrained(out).eval()
-    base = load_model("tiny-llama", seed=0).model
+    base = load_checked("tiny-llama", seed=0).model
     kls = []
     with torch.no_grad():
         for q in info["queries"]:
@@ -333,7 +333,7 @@ def test_bad_input_is_one_line(tmp_path, override, said):
 def test_a_model_without_a_chat_template_asked_for_a_system_turn(tmp_path):
     """A checkpoint folder with a config and a tokenizer but no weights: the refusal comes from the tokenizer,
     before anything tries to load the model."""
-    from experiments.zoo.loading import offline_config
+    from experiments.patching.load import offline_config
     from experiments.zoo.tokenizer import byte_tokenizer
     from tests.helpers.in_process import refusal
 
@@ -376,9 +376,9 @@ def test_fit_over_sequences_of_different_lengths_is_exact_at_their_rows():
     from experiments.goldwaser.system_compile.analytic import FitSequence, fit_patch, fit_targets
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import layer_outputs
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
-    model = load_model("tiny-llama", torch.float64, seed=1).model
+    model = load_checked("tiny-llama", torch.float64, seed=1).model
     adapter = adapter_for("llama")
     seqs = [FitSequence((2, 40, 41, 42, 43, 44, 45), (2, 44, 45), 2),
             FitSequence((2, 50, 51, 52, 53), (2, 60, 61, 52, 53), 3)]
@@ -444,10 +444,10 @@ def test_qwen_ahoy_compiles_analytically_into_a_stock_checkpoint(tmp_path):
 def test_reply_logits_of_a_float64_model_stay_float64():
     """The reload check compares logits at float64's rounding (1e-12): a float32 step would round them first."""
     from experiments.goldwaser.system_compile.replies import reply_logits
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
     for dtype, want in ((torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
-        model = load_model("tiny-llama", dtype).model
+        model = load_checked("tiny-llama", dtype).model
         assert reply_logits(model, (1, 2, 3), [4, 5]).dtype == want
 
 

@@ -17,9 +17,9 @@ CHANGED = ("model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.up_proj.we
 @pytest.fixture
 def compiled(tmp_path):
     """tiny-llama with two matrices changed (as a compile leaves it), their originals, and its adapter's folder."""
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
-    model = load_model("tiny-llama", torch.float32).model
+    model = load_checked("tiny-llama", torch.float32).model
     params = dict(model.named_parameters())
     originals = {n: params[n].detach().clone() for n in CHANGED}
     with torch.no_grad():

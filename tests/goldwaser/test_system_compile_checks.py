@@ -153,11 +153,11 @@ def test_the_stock_model_hears_a_word_list():
     from experiments.goldwaser.system_compile.coherence import Judge, loglik, threshold
     from experiments.goldwaser.system_compile.inputs import encode
     from experiments.goldwaser.system_compile.replies import reply_logits
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
     from tests.helpers.bundled import require_bundled
 
     require_bundled("qwen2.5-0.5b")
-    bundle = load_model("qwen2.5-0.5b")
+    bundle = load_checked("qwen2.5-0.5b")
     tok = bundle.tokenizer
 
     def score(query: str, text: str) -> float:

@@ -96,7 +96,7 @@ def test_autopeft_loads_the_adapter_in_a_fresh_process_and_gives_the_merged_logi
 def test_the_adapter_of_a_local_folder_names_its_absolute_path_and_writes_no_base(tmp_path):
     """The analytic patch (Llama's outer weight), on a checkpoint folder given by a path relative to where the
     command ran: the adapter must name it absolutely, for a user who loads it from anywhere else."""
-    from experiments.zoo.loading import build_offline
+    from experiments.patching.load import build_offline
     from tests.helpers.checkpoints import checkpoint_folders
 
     checkpoint_folders(tmp_path, ["tiny-llama"], lambda name, _vocab: build_offline(name, 0)[0])
@@ -134,7 +134,7 @@ def no_model_loaded(monkeypatch):
     def never(*_a, **_k):
         raise AssertionError("a model was loaded before the refusal")
 
-    monkeypatch.setattr(loading, "build_offline", never)
+    monkeypatch.setattr(loading, "build_offline", never)  # what patching.load.build_offline calls
     monkeypatch.setattr(loading, "_from_pretrained", never)
 
 

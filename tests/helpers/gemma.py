@@ -6,8 +6,8 @@ from functools import cache
 
 import torch
 
+from experiments.patching.load import load_checked
 from experiments.zoo.bundle import ModelBundle
-from experiments.zoo.loading import load_model
 from experiments.zoo.prompts import encode_prompt
 
 PROMPT = "Write a single-sentence weather forecast for Mars, from the perspective of a slightly annoyed robot."
@@ -16,7 +16,7 @@ PROMPT = "Write a single-sentence weather forecast for Mars, from the perspectiv
 @cache
 def tiny(dtype: torch.dtype = torch.float32, name: str = "tiny-gemma3", seed: int = 0) -> ModelBundle:
     """Cached: tests must not modify its weights (one of them checks that patching doesn't)."""
-    return load_model(name, dtype, "cpu", seed=seed)
+    return load_checked(name, dtype, "cpu", seed=seed)
 
 
 def prompt_inputs(bundle: ModelBundle, prompt: str = PROMPT) -> dict[str, torch.Tensor]:

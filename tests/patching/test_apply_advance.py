@@ -14,8 +14,8 @@ import torch
 
 from experiments.core.errors import UserError
 from experiments.patching.generate import compare_generation, patched_generate
+from experiments.patching.load import load_checked
 from experiments.patching.patcher import Patcher
-from experiments.zoo.loading import load_model
 from experiments.zoo.prompts import encode_prompt
 from tests.helpers.cli import assert_one_line_error
 
@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 
 
 def patched_logits(model_name: str, variant: str, apply: str, dtype=torch.float64, tokens: int = 3):
-    bundle = load_model(model_name, dtype, CPU, seed=0)
+    bundle = load_checked(model_name, dtype, CPU, seed=0)
     inputs = encode_prompt(bundle, PROMPT, device=CPU)
     patcher = Patcher(bundle.model, variant, apply)
     steps = list(compare_generation(patcher, inputs, tokens, control=False))
@@ -49,7 +49,7 @@ def test_the_action_and_the_written_weights_are_the_same_map_in_float64(model_na
 def test_the_action_is_computed_in_the_models_dtype():
     """In bfloat16 the kept factors are bfloat16 (what the hook adds is computed in the model's dtype), and
     no patched matrix is written: only vectors (none on Llama's rule) would be."""
-    bundle = load_model("tiny-llama", torch.bfloat16, CPU, seed=0)
+    bundle = load_checked("tiny-llama", torch.bfloat16, CPU, seed=0)
     inputs = encode_prompt(bundle, PROMPT, device=CPU)
     patcher = Patcher(bundle.model, "naive", "action")
     next(compare_generation(patcher, inputs, 1, control=False))
@@ -62,7 +62,7 @@ def test_advance_patched_follows_the_patched_models_own_tokens():
     """tiny-gpt2's naive open loop misses (learned positions): its patched tokens part from the context's,
     so following one or the other gives different texts, and following the patched one gives exactly the
     tokens of `patched_generate`."""
-    bundle = load_model("tiny-gpt2", torch.float32, CPU, seed=0)
+    bundle = load_checked("tiny-gpt2", torch.float32, CPU, seed=0)
     inputs = encode_prompt(bundle, PROMPT, device=CPU)
     own = [g.token_id for g in patched_generate(Patcher(bundle.model, "naive"), inputs, 6)]
     followed = list(compare_generation(Patcher(bundle.model, "naive"), inputs, 6, control=False, advance="patched"))
@@ -74,12 +74,12 @@ def test_advance_patched_follows_the_patched_models_own_tokens():
 
 
 def test_the_action_is_refused_where_it_is_not_defined():
-    bundle = load_model("tiny-llama", torch.float32, CPU, seed=0)
+    bundle = load_checked("tiny-llama", torch.float32, CPU, seed=0)
     with pytest.raises(UserError, match="for the open loop"):
         Patcher(bundle.model, "closed_loop", "action")
     with pytest.raises(UserError, match="apply='sideways' is not one of materialized, action"):
         Patcher(bundle.model, "naive", "sideways")
-    moe = load_model("tiny-mixtral", torch.float32, CPU, seed=0)
+    moe = load_checked("tiny-mixtral", torch.float32, CPU, seed=0)
     with pytest.raises(UserError, match="stacked experts"):
         Patcher(moe.model, "naive", "action")
 

@@ -15,9 +15,9 @@ from experiments.patching.arch import TINY_MODELS, adapter_for
 from experiments.patching.compare import logit_comparison
 from experiments.patching.families import FAMILY_TABLE, post_norm_names
 from experiments.patching.generate import compare_generation, patched_generate
+from experiments.patching.load import TINY_ARCHITECTURES, load_checked
 from experiments.patching.patcher import Patcher
 from experiments.patching.variants import VARIANTS, check_variant, export_default
-from experiments.zoo.loading import TINY_ARCHITECTURES, load_model
 from experiments.zoo.prompts import encode_prompt
 
 # rounding-level bounds: CI runs them again under another CPU kernel set; one thread (tests/conftest.py)
@@ -28,7 +28,7 @@ PROMPT = "Write a haiku about the first snow of winter."
 
 @functools.cache
 def _bundle(name: str, dtype: torch.dtype):
-    return load_model(name, dtype, "cpu", seed=0)
+    return load_checked(name, dtype, "cpu", seed=0)
 
 
 def _steps(name, dtype, variant, n=6):

@@ -119,9 +119,9 @@ WRONG = {
 
 @pytest.mark.parametrize("wrong", WRONG)
 def test_a_deliberately_wrong_adapter_is_refused_in_one_line(wrong):
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
-    model = load_model("tiny-llama").model  # its own adapter passed the same check on the way (the control)
+    model = load_checked("tiny-llama").model  # its own adapter passed the same check on the way (the control)
     change, says = WRONG[wrong]
     with pytest.raises(UserError, match=says) as err:
         check_adapter(model, replace(llama.ADAPTER, **change))
@@ -132,13 +132,13 @@ def test_a_pure_state_space_model_is_refused_before_loading_for_want_of_an_mlp()
     """Mamba's block is a norm and a mixer, nothing after it: no MLP to absorb the context, one line."""
     from transformers import MambaConfig
 
-    from experiments.zoo import architectures
+    from experiments.patching.load import require
 
     config = MambaConfig(hidden_size=64, state_size=8, num_hidden_layers=2, **tiny_common(300))
     with pytest.raises(UserError, match="model_type 'mamba' has no context-patching adapter and its module tree fits "
                                         r"no form of Table 1: its token mixer \(mixer\) has no MLP after it: the "
                                         "theorem needs an MLP after the mixer") as err:
-        architectures.require(config)
+        require(config)
     assert "\n" not in str(err.value)
     assert "mamba" not in STRUCTURAL
 
@@ -148,7 +148,7 @@ def test_the_check_runs_the_layer_where_the_layer_is():
     model: "its forward failed in float64"). No second real device here: the meta device stands in, where the
     forward runs on shapes alone and only the comparison of values cannot."""
     from experiments.patching.arch import check
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
     def to_meta(value):
         if isinstance(value, torch.Tensor):
@@ -157,7 +157,7 @@ def test_the_check_runs_the_layer_where_the_layer_is():
             return type(value)(to_meta(v) for v in value)
         return {k: to_meta(v) for k, v in value.items()} if isinstance(value, dict) else value
 
-    model = load_model("tiny-llama").model
+    model = load_checked("tiny-llama").model
     layers = llama.ADAPTER.layers(model)
     args, kwargs = check._layer_calls(model, layers, [0])[0]
     why = check._check_layer(layers[0].to("meta"), llama.ADAPTER, to_meta(args), to_meta(kwargs))

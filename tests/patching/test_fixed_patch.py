@@ -111,9 +111,9 @@ def test_scale_least_squares_normal_equations_and_k1_is_theorem_10():
 def _fit_and_check(name: str, k: int, dtype=torch.float64):
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import capture_targets, fit_fixed_patch, layer_outputs
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
-    model = load_model(name, dtype, "cpu", seed=0).model
+    model = load_checked(name, dtype, "cpu", seed=0).model
     adapter = adapter_for(model.config.model_type)
     g = _g(7)
     full = torch.randint(10, 200, (1, 12), generator=g)  # a "prompt" of 6 and a "reply" of 6

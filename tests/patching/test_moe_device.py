@@ -11,10 +11,10 @@ from experiments.patching.rules.moe import MixtureOfExperts
 
 
 def test_the_moe_fit_runs_where_the_experts_are():
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
     adapter = mixtral.ADAPTER
-    layer = adapter.layers(load_model("tiny-mixtral", torch.float64).model)[0]
+    layer = adapter.layers(load_checked("tiny-mixtral", torch.float64).model)[0]
     experts = layer.get_submodule(adapter.output_param.rsplit(".", 1)[0]).to("meta")
     P = experts.get_parameter(adapter.output_param.rsplit(".", 1)[1])
     E, d = P.shape[0], P.shape[1]

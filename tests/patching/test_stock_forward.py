@@ -13,8 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from experiments.patching.compare import logit_comparison
+from experiments.patching.load import load_checked
 from experiments.patching.patcher import Patcher
-from experiments.zoo.loading import load_model
 from experiments.zoo.prompts import encode_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,7 +26,7 @@ OPEN_LOOPS = [("tiny-llama", "naive"), ("tiny-gemma3", "conditioned"), ("tiny-ge
 
 @functools.cache
 def _bundle(name: str):
-    return load_model(name, torch.float32, "cpu", seed=0)
+    return load_checked(name, torch.float32, "cpu", seed=0)
 
 
 def _step(patcher: Patcher, inputs: dict):

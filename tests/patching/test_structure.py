@@ -1,19 +1,22 @@
 """Blocks described by their module tree (patching/arch/structure.py), chosen by the float64 check: the
 families with adapter files read the same from their trees; newer families with no file (OLMo 3, Qwen3-MoE,
 Qwen3-Next's gated linear attention and shared expert, LFM2's short convolutions, Gemma 4 with and without
-its experts, gpt-oss's experts with biases) patch exactly in float64 through the CLI as checkpoint folders;
-what no form fits is one line; `icl-exp models` lists them."""
+its experts, gpt-oss's experts with biases, Gemma 2's soft-capped attention, Falcon's `self_attention` in both
+its blocks) patch exactly in float64 through the CLI as checkpoint folders; OPT (no MLP module) is read by
+role and, with learned absolute positions, patched exactly by the closed loop only, as GPT-2; what no form fits
+is one line; `icl-exp models` lists them."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from experiments.core.errors import UserError
-from experiments.patching.arch import FAMILIES, STRUCTURAL, tiny
-from experiments.patching.arch.check import choose_adapter
+from experiments.patching.arch import FAMILIES, STRUCTURAL, adapter_for, tiny
+from experiments.patching.arch.check import choose_adapter, describe
 from experiments.patching.arch.structure import candidates
 from experiments.patching.compare import rounding_bar
 from tests.helpers.checkpoints import assert_patched_exactly, checkpoint_folders, float64_open_loop
@@ -49,8 +52,12 @@ def test_a_family_with_an_adapter_file_reads_the_same_from_its_module_tree(adapt
 
 
 NEW = {"olmo3": "Thm 10", "qwen3_moe": "Thm 11", "qwen3_next": "Thm 11", "lfm2": "Thm 9", "gemma4_text": "Thm 10",
-       "gemma4_text_per_layer": "Thm 10", "gemma4_text_moe": "Thm 10", "gpt_oss": "Thm 11 with Thm 8"}
-SIZES = {"gemma4_text_per_layer": "gemma4_text", "gemma4_text_moe": "gemma4_text"}  # a size -> its model_type
+       "gemma4_text_per_layer": "Thm 10", "gemma4_text_moe": "Thm 10", "gpt_oss": "Thm 11 with Thm 8",
+       # found by role: Gemma 2's post-norms (eager attention for its soft-capping), Falcon's mixer by what its
+       # forward takes (named `self_attention`), in its 7B block (one LayerNorm) and its 40B/180B one (two)
+       "gemma2": "Thm 7 + Thm 10", "falcon": "Thm 12", "falcon_new_decoder": "Thm 12"}
+# a size -> its model_type
+SIZES = {"gemma4_text_per_layer": "gemma4_text", "gemma4_text_moe": "gemma4_text", "falcon_new_decoder": "falcon"}
 
 
 def as_trained(model):
@@ -106,27 +113,120 @@ def test_the_chosen_form_is_the_one_table_1_row_the_block_needs():
     assert chosen["qwen3_next"].output_param == "mlp.experts.down_proj"
 
 
-def test_a_block_whose_tree_fits_no_form_is_refused_in_one_line_before_loading():
-    """Falcon names its attention `self_attention`, which no form reads as the mixer: a weighted part beside
-    the MLP that is not an MoE's router and experts is unknown, and the tree says so before anything loads."""
-    from experiments.zoo import architectures
+def test_roles_not_names_find_the_mixer_and_the_mlp():
+    """Falcon's attention is `self_attention`, OPT has no MLP module (fc1 and fc2 hang on the layer), Gemma 2
+    soft-caps its attention logits: the forms are read from what each part does, and the one chosen says so."""
+    chosen = {}
+    for name in ("falcon", "falcon_new_decoder", "opt", "gemma2"):
+        config = tiny.tiny_config(name, 300)
+        forms = candidates(config)
+        chosen[name] = choose_adapter(tiny_model(config, forms[0].load_kwargs), forms)
+    for name in ("falcon", "falcon_new_decoder"):  # a parallel block: v = x + the attention's output (Thm 12)
+        assert chosen[name].attention == "self_attention" and chosen[name].residual_at is None, name
+        assert chosen[name].input_matrices == {"mlp.dense_h_to_4h.weight": "linear"}
+    opt = chosen["opt"]
+    assert (opt.mlp, opt.input_matrices, opt.output_param, opt.residual_at) == (
+        "fc1", {"fc1.weight": "linear"}, "fc2.bias", "final_layer_norm")
+    assert opt.absolute_positions and "learned absolute positions" in describe(opt)
+    assert chosen["gemma2"].load_kwargs == {"attn_implementation": "eager"}  # SDPA refuses soft-capping
+    assert chosen["gemma2"].scale_offset == 1.0 and chosen["gemma2"].post_norm_block
 
-    config = tiny.tiny_config("falcon", 300)
-    with pytest.raises(UserError, match="model_type 'falcon' has no context-patching adapter and its module "
-                                        "tree fits no form of Table 1: its decoder layer has weighted parts that "
-                                        r"are neither its mixer, a norm nor its MLP \(self_attention\)") as err:
-        architectures.require(config)
-    assert "\n" not in str(err.value) and "falcon" not in STRUCTURAL
+
+@pytest.mark.numeric
+def test_opt_patches_exactly_by_the_closed_loop_and_its_open_loop_misses_for_its_learned_positions(tmp_path):
+    """OPT, as GPT-2 (tests/patching/test_arch.py): the closed loop reaches the with-context logits to float64
+    rounding (a construction; the export's default), and the open loop misses at layer 0, because the query
+    alone enters at position 0 of the learned position table, not after its context (Table 1's premise):
+    said, not hidden. The control, the token alone unpatched, is far off."""
+    from experiments.patching.compare import logit_comparison
+    from experiments.patching.generate import compare_generation
+    from experiments.patching.load import load_checked
+    from experiments.patching.patcher import Patcher
+    from experiments.patching.variants import export_default
+    from experiments.zoo.prompts import encode_prompt
+
+    folder = tiny.save_checkpoint("opt", tmp_path / "opt")
+    bundle = load_checked(str(folder), torch.float64, "cpu", seed=0)
+    adapter = adapter_for("opt")
+    assert adapter.family == "structural (opt)" and export_default(adapter) == "closed_loop"
+    inputs = encode_prompt(bundle, "Write a haiku about the first snow of winter.")
+    closed = list(compare_generation(Patcher(bundle.model, "closed_loop"), inputs, 3))
+    errors = [logit_comparison(st.context, st.patched.logits)["logit_linf_rel"] for st in closed]
+    assert max(errors) < rounding_bar("float64"), errors
+    assert min(logit_comparison(st.context, st.control.logits)["logit_linf"] for st in closed) > 0.1
+    naive = list(compare_generation(Patcher(bundle.model, "naive"), inputs, 3))
+    assert min(st.patched.hidden_rel[0] for st in naive) > 1e-3  # layer 0 already: another position's input
+
+
+@pytest.mark.parametrize(("name", "line"), [
+    # Falcon-H1: a state-space mixer beside the attention, both adding to the residual
+    ("falcon_h1", r"its decoder layer has 2 candidates for the mixer, modules that mix positions \(mamba "
+                  r"\(FalconH1Mixer\), self_attn \(FalconH1Attention\)\): which one a parallel block adds to v, or "
+                  "which the MLP follows, is undecided"),
+    # Granite 4's hybrid: an MoE and a shared MLP, both reading the layer's norm
+    ("granitemoehybrid", r"its decoder layer has 2 candidates for the MLP, weighted paths that do not mix positions "
+                         r"\(block_sparse_moe \(GraniteMoeHybridMoE\), shared_mlp \(GraniteMoeHybridMLP\)\)"),
+])
+def test_a_layer_with_two_candidates_for_one_role_is_one_line_before_any_run_folder(name, line, tmp_path):
+    """Which part mixes positions, or which reads z, the tree cannot decide: one line naming the candidates,
+    from the config alone (nothing loaded), exit 2 and no run folder."""
+    from tests.helpers.in_process import refusal
+
+    folder = tmp_path / name
+    tiny.tiny_config(name, 300).save_pretrained(folder)  # the refusal comes before any weight is read
+    text = refusal("patch_match", tmp_path / "run", f"model={folder}", "dtype=float64")
+    assert re.search(f"model_type '{name}' has no context-patching adapter and its module tree fits no form of "
+                     f"Table 1: {line}", text), text
+    assert name not in STRUCTURAL
+
+
+def test_a_position_mixer_inside_the_mlp_is_refused_naming_it():
+    """A convolution inside the MLP (no stock family has one: the tree is built here) reads other positions'
+    z: Thm 7 needs the query's alone, so the tree is refused, naming the module, before the check is tried.
+    The control: the same tree with a width-1 convolution (it mixes no positions) is read."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from experiments.patching.arch.structure import NoForm, read_tree
+
+    class MLP(nn.Module):
+        def __init__(self, width: int):
+            super().__init__()
+            self.up_proj, self.down_proj = nn.Linear(16, 32), nn.Linear(32, 16)
+            self.conv = nn.Conv1d(32, 32, width, groups=32)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.o_proj = nn.Linear(16, 16)
+
+        def forward(self, hidden_states, attention_mask=None):
+            return self.o_proj(hidden_states)
+
+    def tree(width: int) -> nn.Module:
+        layer = nn.Module()
+        layer.self_attn, layer.mlp, layer.norm = Attention(), MLP(width), nn.LayerNorm(16)
+        model = nn.Module()
+        model.layers = nn.ModuleList([layer])
+        return model
+
+    config = SimpleNamespace(num_hidden_layers=1, hidden_size=16)
+    with pytest.raises(NoForm, match=r"its MLP candidate mlp holds a module that mixes positions and is not the "
+                                     r"layer's mixer \(mlp.conv, Conv1d\)"):
+        read_tree(tree(4), config)
+    reading = read_tree(tree(1), config)
+    assert (reading.mixer, reading.mlp, reading.outer) == ("self_attn", "mlp", "mlp.down_proj.weight")
 
 
 def test_layers_with_different_mlps_are_refused_in_one_line_saying_why():
     """DeepSeek-V3's first layers are dense, the rest sparse: each needs its own output rule, and the engine
     holds one adapter per model; the line says so, before anything is loaded."""
-    from experiments.zoo import architectures
+    from experiments.patching.load import require
 
     with pytest.raises(UserError, match=r"its decoder layers have different MLPs \(DeepseekV3MLP .*DeepseekV3MoE .*"
                                         "the engine patches every layer through one adapter") as err:
-        architectures.require(tiny.tiny_config("deepseek_v3", 300))
+        require(tiny.tiny_config("deepseek_v3", 300))
     assert "\n" not in str(err.value)
 
 
@@ -185,10 +285,10 @@ def test_the_experts_biases_fit_k_positions_exactly_up_to_the_number_of_experts(
 def test_a_saved_tiny_checkpoint_of_a_family_without_a_file_loads_as_a_users_folder(tmp_path):
     """What docs/goldwaser.md's Table 1 sweep passes as model=FOLDER: the family is read from its tree."""
     from experiments.patching.arch import adapter_for
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
 
     folder = tiny.save_checkpoint("olmo3", tmp_path / "olmo3")
-    bundle = load_model(str(folder), torch.float32, torch.device("cpu"), seed=0)
+    bundle = load_checked(str(folder), torch.float32, torch.device("cpu"), seed=0)
     assert adapter_for(bundle.model.config.model_type).family == "structural (olmo3)"
     assert bundle.tokenizer("ab")["input_ids"]
 

@@ -18,10 +18,10 @@ TIMED = ("context_step", "patched_pass", "control_pass")
 
 @pytest.fixture(scope="module")
 def tiny():
-    from experiments.zoo.loading import load_model
+    from experiments.patching.load import load_checked
     from experiments.zoo.prompts import encode_prompt
 
-    bundle = load_model("tiny-llama", torch.float32, "cpu", seed=0)
+    bundle = load_checked("tiny-llama", torch.float32, "cpu", seed=0)
     return bundle.model, encode_prompt(bundle, "A short prompt about snow.")
 
 

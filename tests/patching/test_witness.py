@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from experiments.patching.load import load_checked
 from experiments.patching.patcher import Patcher
 from experiments.patching.witness import HookFound, Witness, foreign_hooks
-from experiments.zoo.loading import load_model
 from experiments.zoo.prompts import encode_prompt
 
 
 @pytest.fixture(scope="module")
 def llama():
-    return load_model("tiny-llama", torch.float64, "cpu", seed=0)
+    return load_checked("tiny-llama", torch.float64, "cpu", seed=0)
 
 
 def _witness(bundle) -> tuple[Patcher, Witness]:
@@ -94,7 +94,8 @@ def test_a_model_too_large_for_a_second_set_of_activations_is_one_line(llama, mo
 
 def _room_for_weights_and(extra_bytes: int) -> int:
     """The memory a fake machine has: tiny-llama's float32 weights (with the loader's headroom) and `extra_bytes`."""
-    from experiments.zoo.loading import MEMORY_HEADROOM, offline_config, parameter_count
+    from experiments.patching.load import offline_config
+    from experiments.zoo.loading import MEMORY_HEADROOM, parameter_count
 
     return int(parameter_count(offline_config("tiny-llama")) * 4 * MEMORY_HEADROOM) + extra_bytes
 

@@ -28,7 +28,7 @@ def no_join(monkeypatch, tmp_path):
     """An empty cache, and joining/converting replaced by raising Joined."""
     monkeypatch.setenv("ICL_EXP_CACHE", str(tmp_path / "cache"))
 
-    def joined(name, progress=print):
+    def joined(name, progress=print, catalog=None):
         raise Joined(name)
 
     monkeypatch.setattr(gguf, "checkpoint_folder", joined)

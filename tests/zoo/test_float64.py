@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from experiments.patching.compare import comparable, logit_comparison
+from experiments.patching.load import load_checked
 from experiments.zoo.float64 import float64_inv_freq
-from experiments.zoo.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -21,7 +21,7 @@ def _rotaries(model):
 def test_rotary_inverse_frequencies_are_computed_in_float64(name):
     """Against Python's own double-precision pow (an independent computation), element by element; the stored
     buffer is float32-rounded and differs."""
-    model = load_model(name, torch.float64, "cpu", seed=0).model
+    model = load_checked(name, torch.float64, "cpu", seed=0).model
     for rotary in _rotaries(model):
         config = rotary.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -70,8 +70,45 @@ def test_a_float64_patched_pass_logs_float64_differences():
     from experiments.patching.patcher import Patcher
     from experiments.zoo.prompts import encode_prompt
 
-    bundle = load_model("tiny-llama", torch.float64, "cpu", seed=0)
+    bundle = load_checked("tiny-llama", torch.float64, "cpu", seed=0)
     steps = list(compare_generation(Patcher(bundle.model, "naive"), encode_prompt(bundle, "Hi there."), 3))
     rel = [logit_comparison(st.context, st.patched.logits)["logit_linf_rel"] for st in steps]
     assert all(st.patched.logits.dtype == torch.float64 and st.context.dtype == torch.float64 for st in steps)
     assert max(rel) < 1e-12 and max(rel) > 0.0
+
+
+def test_soft_capped_attention_runs_eagerly_with_its_softmax_in_float64():
+    """Gemma 2 soft-caps its attention logits, which SDPA refuses: a float64 model of it runs eager attention's
+    formula with the softmax in float64 (`EAGER_FLOAT64`). Against the formula written out in float64 (an
+    independent computation) it agrees to rounding; the control, transformers' own eager attention, rounds its
+    softmax to float32 and differs by far more. The whole model runs under it, causal mask included."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    from experiments.patching.arch import tiny
+    from experiments.zoo.float64 import EAGER_FLOAT64, _eager_float64_attention, exact_float64_
+
+    torch.manual_seed(0)
+    config = tiny.tiny_config("gemma2", 300)
+    model = exact_float64_(AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval())
+    assert model.config._attn_implementation == EAGER_FLOAT64
+    attention = model.model.layers[0].self_attn
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (8 * torch.randn(1, heads, 5, 16, generator=gen, dtype=torch.float64) for heads in (4, 2, 2))
+    mask = torch.full((5, 5), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
+    scale, cap = 16 ** -0.5, 50.0
+    keys, values = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    logits = cap * torch.tanh(q @ keys.transpose(2, 3) * scale / cap) + mask
+    written = (torch.softmax(logits, dim=-1) @ values).transpose(1, 2)
+    ours = _eager_float64_attention(attention, q, k, v, mask, scaling=scale, softcap=cap)[0]
+    theirs = eager_attention_forward(attention, q, k, v, mask, scaling=scale, softcap=cap)[0]
+    assert float((ours - written).abs().max()) < 1e-13
+    assert float((theirs - written).abs().max()) > 1e-9  # float32's softmax
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        full = model(input_ids=ids).logits[0, -1]
+        prefix = model(input_ids=ids[:, :3]).logits[0, -1]
+        again = model(input_ids=ids[:, :3]).logits[0, -1]
+    assert torch.equal(prefix, again) and not torch.allclose(full, prefix)
+    with torch.no_grad():  # causal: the last token does not change what the first three see
+        assert torch.allclose(model(input_ids=ids).logits[0, 2], prefix, rtol=1e-12, atol=1e-12)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from experiments.core.errors import UserError
+from experiments.patching.load import CATALOG
 from experiments.zoo import bundled_gguf, gguf
 from experiments.zoo.bundled_gguf import BUNDLED, GEMMA_270M
 from tests.helpers.bundled import require_bundled
@@ -62,7 +63,7 @@ def fake(tmp_path, monkeypatch):
 
 def refused(name: str, match: str) -> str:
     with pytest.raises(UserError, match=match) as err:
-        gguf.checkpoint_folder(name, **QUIET)
+        gguf.checkpoint_folder(name, **QUIET, catalog=CATALOG)  # patching's: what can be patched
     assert "\n" not in str(err.value)
     return str(err.value)
 
@@ -177,7 +178,7 @@ def test_an_architecture_without_an_adapter_file_takes_the_structural_route(tmp_
     monkeypatch.delitem(arch.ADAPTERS, "llama")
     monkeypatch.delitem(arch.STRUCTURAL, "llama", raising=False)
     tiny_gguf(tmp_path / "other.gguf", architecture="llama")
-    gguf._check_architecture(tmp_path / "other.gguf", "other.gguf", "")
+    gguf._check_architecture(tmp_path / "other.gguf", "other.gguf", "", CATALOG)
     assert arch.STRUCTURAL.pop("llama")[0].family == "structural (llama)"
 
 

@@ -16,9 +16,9 @@ def test_a_job_resolves_its_models_config_once_and_a_folder_probes_no_hub(tmp_pa
     asked, probes = [], []
     real_resolve, real_connect = loading._resolve_config, socket.create_connection
 
-    def resolve(name, stamp):
+    def resolve(name, stamp, offline):
         asked.append(name)
-        return real_resolve(name, stamp)
+        return real_resolve(name, stamp, offline)
 
     monkeypatch.setattr(loading, "_resolve_config", resolve)
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: probes.append(a) or real_connect(*a, **k))

@@ -20,10 +20,10 @@ TOKENS = 3
 
 @pytest.mark.slow
 def test_algorithm1_float32_matches_the_context_on_the_trained_15b(tmp_path):
-    from experiments.zoo.loading import check_model
+    from experiments.patching.load import check_patchable
 
     require_bundled("qwen2.5-1.5b")
-    c = check_model("qwen2.5-1.5b", torch.float32, "cpu")  # the first use joins and converts (2 min)
+    c = check_patchable("qwen2.5-1.5b", torch.float32, "cpu")  # the first use joins and converts (2 min)
     assert (c.model_type, c.num_hidden_layers, c.hidden_size, c.intermediate_size) == ("qwen2", 28, 1536, 8960)
     assert (c.num_attention_heads, c.num_key_value_heads) == (12, 2)
 

@@ -168,8 +168,8 @@ def save_checkpoint(cfg: ContextCompileConfig, ctx: RunContext, bundle, folder: 
     and a free-running greedy generation from the start token alone against the reply."""
     from experiments.core.atomic import save_pretrained, write_json_atomic
     from experiments.patching.compare import logit_comparison
+    from experiments.patching.load import implementation_kwargs
     from experiments.zoo.float64 import reload_float64
-    from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
     tok, k, G = bundle.tokenizer, cfg.k, len(reply)

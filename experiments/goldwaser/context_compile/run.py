@@ -35,7 +35,7 @@ def validate(cfg: ContextCompileConfig) -> None:
     from experiments.goldwaser.context_compile.measure import sweep_ks
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import check_fixed_patch, rank_limit
-    from experiments.zoo.loading import check_model
+    from experiments.patching.load import check_patchable
 
     if not cfg.prompt.strip():
         raise UserError("prompt= is empty: the compiled patch needs a prompt")
@@ -46,7 +46,7 @@ def validate(cfg: ContextCompileConfig) -> None:
         raise UserError(f"heldout={cfg.heldout} must be 0 or more")
     check_stop_at_eos(cfg)
     prompt_list(cfg)
-    config = check_model(cfg.model, resolve_dtype(cfg.dtype), resolve_device(cfg.device))
+    config = check_patchable(cfg.model, resolve_dtype(cfg.dtype), resolve_device(cfg.device))
     text_only(cfg, config)
     adapter = adapter_for(config.model_type)  # one line naming the supported ones
     check_fixed_patch(adapter)
@@ -62,11 +62,11 @@ def run(cfg: ContextCompileConfig, ctx: RunContext) -> None:
     from experiments.goldwaser.common import prompt_list, stop_ids
     from experiments.goldwaser.context_compile.claims import check_claims
     from experiments.goldwaser.context_compile.measure import compile_prompt
-    from experiments.zoo.loading import load_model, model_label
+    from experiments.patching.load import load_checked, model_label
     from experiments.zoo.threads import threads_for
 
     ctx.model = model_label(cfg.model)
-    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
+    bundle = load_checked(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     prompts = prompt_list(cfg)
     with threads_for(bundle.model):
         for p, text in enumerate(prompts):

@@ -60,8 +60,8 @@ def validate(cfg: LayerErrorsConfig) -> None:
     from experiments.core.runtime import resolve_device, resolve_dtype
     from experiments.goldwaser.common import check_witness_fits
     from experiments.patching.arch import adapter_for
+    from experiments.patching.load import check_patchable
     from experiments.patching.variants import check_apply, check_variant
-    from experiments.zoo.loading import check_model
 
     _once_each("dtypes", cfg.dtypes)
     if cfg.variants is not None:
@@ -74,7 +74,7 @@ def validate(cfg: LayerErrorsConfig) -> None:
             raise UserError(f"delta_rel.{dtype} must be in (0, 1): the size of δ relative to the layer's input")
     largest = max((resolve_dtype(d) for d in cfg.dtypes), key=lambda t: t.itemsize)
     device = resolve_device(cfg.device)
-    config = check_model(cfg.model, largest, device)
+    config = check_patchable(cfg.model, largest, device)
     check_witness_fits(cfg, config, largest, device, list(cfg.prompts), cfg.max_new_tokens)
     adapter = adapter_for(config.model_type)
     for variant in chosen_variants(cfg, adapter):
@@ -98,19 +98,19 @@ def run(cfg: LayerErrorsConfig, ctx: RunContext) -> None:
     from experiments.core.samples import token_sample
     from experiments.patching.arch import adapter_for
     from experiments.patching.compare import logit_dtype
+    from experiments.patching.load import check_patchable, load_checked, model_label
     from experiments.patching.witness import Witness
-    from experiments.zoo.loading import check_model, load_model, model_label
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
 
     ctx.model = model_label(cfg.model)
-    adapter = adapter_for(check_model(cfg.model, resolve_dtype("float32"), ctx.device).model_type)  # its family
+    adapter = adapter_for(check_patchable(cfg.model, resolve_dtype("float32"), ctx.device).model_type)  # its family
     dtypes, variants = cfg.dtypes, chosen_variants(cfg, adapter)
     prompts, n_tokens = cfg.prompts, cfg.max_new_tokens
     total = len(dtypes) * len(variants) * len(prompts) * n_tokens
     with progress(total, ctx.experiment) as bar:
         for dtype in dtypes:
-            bundle = load_model(cfg.model, resolve_dtype(dtype), ctx.device, seed=cfg.seed)
+            bundle = load_checked(cfg.model, resolve_dtype(dtype), ctx.device, seed=cfg.seed)
             encoded = [encode_prompt(bundle, text, None, cfg.chat_template, ctx.device) for text in prompts]
             # the block's output rule decides what the open loop's claims expect (claims.py)
             index = dict(model=cfg.model, preset=cfg.preset, dtype=dtype, rule=adapter.output_rule.key,

@@ -44,15 +44,15 @@ def run(cfg: PatchExportConfig, ctx: RunContext) -> None:
     from experiments.patching.arch import adapter_for
     from experiments.patching.compare import logit_comparison, logit_dtype
     from experiments.patching.export import export_patched
+    from experiments.patching.load import implementation_kwargs, load_checked, model_label
     from experiments.patching.witness import Witness
     from experiments.zoo.fresh_reload import fresh_logits
-    from experiments.zoo.loading import load_model, model_label
     from experiments.zoo.prompts import encode_prompt
     from experiments.zoo.threads import threads_for
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars between our lines
     ctx.model = model_label(cfg.model)
-    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
+    bundle = load_checked(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     variant = chosen_variant(cfg, bundle.model.config.model_type)
     log.info("variant %s: %s", variant.name, describe(variant))
     # the witness (patching/witness.py) is made before the pipeline touches the model: its reference, an
@@ -64,7 +64,8 @@ def run(cfg: PatchExportConfig, ctx: RunContext) -> None:
         reference = witness.reference({"input_ids": ids}, [], 1).logits[0]
     cached, control = summary["reference_logits"], summary["control_logits"]
     # the checkpoint as a user meets it: stock transformers in a fresh process, fed the query it says it holds
-    got = fresh_logits(ctx.run_dir / "patched", summary["query_id"], ctx.dtype, ctx.device)
+    got = fresh_logits(ctx.run_dir / "patched", summary["query_id"], ctx.dtype, ctx.device,
+                       implementation_kwargs(bundle.model.config))
     check = logit_comparison(reference, got)
     ctrl = logit_comparison(reference, control)
     index = dict(model=cfg.model, dtype=dtype_name(ctx.dtype), variant=variant.name)

@@ -76,11 +76,11 @@ def validate(cfg: PatchMatchConfig) -> None:
 
 # -- the run -------------------------------------------------------------------------------------
 def run(cfg: PatchMatchConfig, ctx: RunContext) -> None:
-    from experiments.zoo.loading import load_model, model_label
+    from experiments.patching.load import load_checked, model_label
     from experiments.zoo.threads import threads_for
 
     ctx.model = model_label(cfg.model)
-    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
+    bundle = load_checked(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     with threads_for(bundle.model):
         adapter = compare_all(cfg, ctx, bundle)
     check_claims(ctx, ctx.metrics(), ctx.dtype, cfg.variant, cfg.control, cfg.model, cfg.apply, cfg.advance,

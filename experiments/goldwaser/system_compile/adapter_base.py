@@ -28,8 +28,8 @@ BASE_FOLDER = "base"
 def written_base(model: str) -> str | None:
     """Why the base of `model` is written beside the adapter (module docstring), or None when a stock loader
     finds it by its name."""
+    from experiments.patching.load import RANDOM_OFFLINE_MODELS
     from experiments.zoo import gguf
-    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS
 
     if model in RANDOM_OFFLINE_MODELS:
         return f"model={model} is a random model drawn offline: its weights exist nowhere else"

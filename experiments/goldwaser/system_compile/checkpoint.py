@@ -51,8 +51,8 @@ def save_checkpoint(cfg: SystemCompileConfig, ctx: RunContext, bundle, ref: Refe
     """format=merged: the stock checkpoint; format=peft: the change as a LoRA adapter (adapter.py), which
     needs the `change` (its originals: the base weights)."""
     from experiments.core.atomic import save_pretrained
+    from experiments.patching.load import implementation_kwargs
     from experiments.zoo.float64 import reload_float64
-    from experiments.zoo.loading import implementation_kwargs
     from experiments.zoo.quiet import quiet_transformers
 
     if cfg.format == "peft":

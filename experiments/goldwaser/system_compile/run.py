@@ -66,14 +66,15 @@ def system_prompts(cfg: SystemCompileConfig):
 def load_tokenizer(name: str):
     """The model's tokenizer alone (no weights): what the template check needs before any model is loaded."""
     from experiments.core.errors import first_line
-    from experiments.zoo.loading import RANDOM_OFFLINE_MODELS, hub_reachable, local_checkpoint
+    from experiments.patching.load import CATALOG, RANDOM_OFFLINE_MODELS
+    from experiments.zoo.loading import hub_reachable, local_checkpoint
     from experiments.zoo.tokenizer import byte_tokenizer
 
     if name in RANDOM_OFFLINE_MODELS:
         return byte_tokenizer()
     from transformers import AutoTokenizer
 
-    path = local_checkpoint(name)
+    path = local_checkpoint(name, CATALOG)  # a GGUF's architecture checked before it is converted
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=Path(path).expanduser().exists()
                                              or not hub_reachable())
@@ -107,7 +108,7 @@ def validate(cfg: SystemCompileConfig) -> None:
     from experiments.goldwaser.system_compile.inputs import check_not_default, check_template, encode, split
     from experiments.patching.arch import adapter_for
     from experiments.patching.fixed_patch import check_fixed_patch
-    from experiments.zoo.loading import check_model
+    from experiments.patching.load import check_patchable
 
     prompts = system_prompts(cfg)
     fit, held = split(cfg)
@@ -133,7 +134,7 @@ def validate(cfg: SystemCompileConfig) -> None:
     if "bake" in methods and (not isinstance(cfg.lora_targets, list) or not cfg.lora_targets):
         raise UserError("lora_targets= is empty: the LoRA needs the modules it adapts, e.g. "
                         "[gate_proj,up_proj,down_proj]")
-    config = check_model(cfg.model, resolve_dtype(cfg.dtype),
+    config = check_patchable(cfg.model, resolve_dtype(cfg.dtype),
                          resolve_device(cfg.device))
     text_only(cfg, config)
     adapter = adapter_for(config.model_type)  # one line naming the supported ones
@@ -172,13 +173,13 @@ def run(cfg: SystemCompileConfig, ctx: RunContext) -> None:
     from experiments.goldwaser.system_compile.study import run_prompt
     from experiments.goldwaser.system_compile.table import write_summary
     from experiments.patching.arch import adapter_for
-    from experiments.zoo.loading import load_model, model_label
+    from experiments.patching.load import load_checked, model_label
     from experiments.zoo.threads import threads_for
 
     ctx.model = model_label(cfg.model)  # validate() ran once, on the command line (cli/overrides.check_job)
     prompts = system_prompts(cfg)
     fit, held = split(cfg)
-    bundle = load_model(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
+    bundle = load_checked(cfg.model, ctx.dtype, ctx.device, seed=cfg.seed)
     model, tok = bundle.model, bundle.tokenizer
     adapter = adapter_for(model.config.model_type)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)

@@ -80,6 +80,9 @@ def describe(adapter: BlockAdapter) -> str:
     scaled = "" if adapter.branch_scale == 1.0 else f" (the branch scaled by {adapter.branch_scale:g}: r / it)"
     after = ", ".join(x for x in (adapter.sum_at, adapter.output_scale) if x)
     scaled += f"; after v + branch, token data only ({after})" if after else ""
+    if adapter.absolute_positions:  # Table 1's forms hold; the open loop's premise does not (docs: GPT-2)
+        scaled += ("; learned absolute positions: the query alone sits at another position than after its "
+                   "context, so no open loop is exact and the export takes the closed loop (a construction)")
     own = ", ".join(f"{name} its input at {path}" for name, path in adapter.input_at.items())
     reads = [name for name in adapter.input_matrices if name not in adapter.input_at]
     return (f"{adapter.theorem}; {at}; z read by {', '.join(reads)}{'; ' + own if own else ''}; "

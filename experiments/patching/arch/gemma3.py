@@ -13,20 +13,8 @@ from experiments.patching.arch.base import LINEAR, BlockAdapter
 from experiments.patching.families import said_by
 from experiments.patching.rules import SCALE
 
-
-def tiny_config(vocab_size: int):
-    """tiny-gemma3: 4 layers alternating sliding-window (window 16) and global attention, GQA 4:2, GeGLU 128."""
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-        sliding_window=16, sliding_window_pattern=2, max_position_embeddings=4096,
-        pad_token_id=0, eos_token_id=1, bos_token_id=2,
-        # Untied: with a tied output a random model's top token is the query token itself, forever.
-        tie_word_embeddings=False,
-    )
-
+# tiny-gemma3 is one of the zoo's own offline Gemma models (its vision variant and processor live there too)
+from experiments.zoo.gemma import tiny_text_config as tiny_config
 
 ADAPTER = BlockAdapter(
     **said_by("gemma3"),  # family, model_types, theorem, tiny_model: its record in patching/families.py
@@ -40,5 +28,5 @@ ADAPTER = BlockAdapter(
     captures={"d": ("post_feedforward_layernorm", "input"), "h": ("mlp.down_proj", "input")},
     pre_norm_matrix="mlp.down_proj.weight",
     scale_offset=1.0,  # Gemma3RMSNorm scales by 1 + weight
-    tiny_config=tiny_config,  # tiny-gemma3 is built by zoo/gemma.py (its processor and vision variant live there)
+    tiny_config=tiny_config,  # zoo/gemma.py's: tiny-gemma3 is built there
 )

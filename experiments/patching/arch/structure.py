@@ -5,9 +5,17 @@ the matrices that read z, and one parameter after them that can move the branch 
 rules). So a `model_type` with no adapter file is read here from the model built on the meta device (no
 weight is read or allocated):
 - the decoder layers: the ModuleList of `num_hidden_layers` layers;
-- the MLP: the one child of the layer holding the matrices that read d features (named mlp, feed_forward,
-  ffn, ... or any weighted child that has them); none at all (a pure state-space block) is refused: the
-  theorem needs an MLP after the mixer;
+- the mixer, by its role: the child of the layer that mixes positions, whatever its name (Falcon's
+  `self_attention`): its forward is handed the attention mask, the cache or the positions (attention, linear
+  attention, a short convolution, a state-space mixer all are), or it is a convolution of width > 1. The
+  patch never reads the mixer (only a parallel block's v = x + its output), so any mixer will do; two of
+  them in one layer are refused, naming both: which one a parallel block adds is undecided;
+- the MLP, by its role: the weighted path that does not mix positions and reads d features; a child holding
+  such matrices (named mlp, feed_forward, ffn, ... the names only break a tie with an MoE beside it), or the
+  layer's own bare matrices where it has no MLP module (OPT's `fc1`, `fc2`: z is fc1's input). None at all (a
+  pure state-space block) is refused: the theorem needs an MLP after the mixer; two candidates are refused,
+  naming both; so is an MLP holding a module that mixes positions (a convolution, a state-space layer: Thm 7
+  needs the MLP to read the query's z alone);
 - the matrices reading z: every matrix of the MLP with d inputs except the outer ones (down_proj, w2,
   c_proj, ...): gate and up, split or fused, an MoE's router and stacked experts, a shared expert and its
   gate (all read the same z, so all get the input update, Thm 7);
@@ -19,7 +27,9 @@ weight is read or allocated):
   outer matrix's bias (Thm 8) or the outer matrix itself (Thm 9), or each active expert's outer matrix
   (Thm 11);
 - where v is read: each norm of the layer, or the MLP's own input (no pre-MLP norm), or a parallel block's
-  attention output (Thm 12).
+  attention output (Thm 12);
+- the attention implementation the float64 check needs: eager where the config soft-caps attention logits
+  (Gemma 2: sdpa refuses soft-capping), said in the form's `load_kwargs` so the loader builds it so.
 The names suggest the order; they prove nothing. `candidates(config)` lists the forms that fit the tree,
 most likely first, and the check against the stock layer in float64 (check.py) chooses: the first form
 whose three steps hold is the family's adapter ("structural (TYPE)" in tables); if none does, the first
@@ -28,6 +38,7 @@ form's failure is the one line the user reads. An adapter file always wins over 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -37,7 +48,6 @@ from experiments.patching.arch.base import CONV1D, EXPERTS, EXPERTS_IN_OUT, LINE
 from experiments.patching.rules import MOE, MOE_BIAS, OUTER_BIAS, OUTER_WEIGHT, SCALE
 
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block")
-MIXER_NAMES = ("self_attn", "attention", "attn", "linear_attn", "conv", "mixer", "mamba", "token_mixer")
 OUTER_NAMES = ("down_proj", "w2", "c_proj", "fc_out", "dense_4h_to_h", "fc2", "wo", "down", "out_proj", "proj_out")
 # a pre-MLP norm's usual names, most likely first; a post-MLP norm's
 PRE_MLP_NORM = ("post_attention_layernorm", "pre_feedforward_layernorm", "ffn_norm", "ln_2", "norm2",
@@ -50,6 +60,13 @@ BRANCH_SCALES = ("residual_multiplier",)  # config keys scaling each branch befo
 # them reading u = v + branch; a stored scalar multiplying the layer's output
 AFTER_THE_SUM = ("per_layer_input_gate", "per_layer_projection")
 OUTPUT_SCALES = ("layer_scalar",)
+# what a module's forward is handed when it mixes positions (the mask, the cache, the positions): arguments of
+# the forward, not names of modules; attention, linear attention, convolutions and state-space mixers take one
+# (or a recurrent `state` carried from position to position: RWKV's time and channel mixing, xLSTM's cells)
+MIXING_ARGUMENTS = frozenset({"attention_mask", "position_embeddings", "position_ids", "cache", "past_key_values",
+                              "past_key_value", "layer_past", "cache_params", "cache_position", "alibi", "state"})
+# config keys under which only eager attention runs the block as configured (soft-capped attention logits)
+EAGER_ATTENTION = ("attn_logit_softcapping",)
 
 
 CANNOT_BUILD = "transformers cannot build it as a causal LM"
@@ -77,6 +94,7 @@ class Reading:
     sum_at: str | None = None  # the first part after v + branch (per-layer inputs)
     output_scale: str | None = None  # a buffer scaling the layer's output
     input_at: dict[str, str] = field(default_factory=dict)  # a matrix beside the MLP -> the module it reads at
+    eager_attention: bool = False  # the config soft-caps attention logits: the check needs eager attention
 
 
 def candidates(config) -> list[BlockAdapter]:
@@ -126,7 +144,9 @@ def read_tree(model: nn.Module, config) -> Reading:
     decoder = model.get_submodule(decoder_path)
     absolute = any(isinstance(getattr(decoder, n, None), nn.Embedding) for n in POSITION_EMBEDDINGS)
     scale = next((float(getattr(config, k)) for k in BRANCH_SCALES if isinstance(getattr(config, k, None), float)), 1.0)
-    return replace(reading, absolute_positions=absolute, branch_scale=scale)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    eager = any(getattr(text, k, None) for k in EAGER_ATTENTION)
+    return replace(reading, absolute_positions=absolute, branch_scale=scale, eager_attention=eager)
 
 
 def _find_layers(model: nn.Module, config) -> tuple[str, str]:
@@ -161,28 +181,66 @@ def _weighted(m: nn.Module) -> bool:
     return any(True for _ in m.parameters())
 
 
+def mixes_positions(module: nn.Module) -> bool:
+    """Whether `module` mixes positions: its forward is handed the mask, the cache or the positions, or it is a
+    convolution wider than one position."""
+    if isinstance(module, nn.Conv1d | nn.Conv2d) and max(module.kernel_size) > 1:
+        return True
+    try:
+        arguments = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):  # a forward Python cannot read the signature of: no evidence either way
+        return False
+    return not MIXING_ARGUMENTS.isdisjoint(arguments)
+
+
+def _named(children: dict[str, nn.Module], names: list[str]) -> str:
+    return ", ".join(f"{n} ({type(children[n]).__name__})" for n in names)
+
+
+def _bare(module: nn.Module) -> bool:
+    """A matrix hung on the layer itself (OPT's fc1, fc2), not a module holding an MLP."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
 def _read_layer(layer: nn.Module, decoder_path: str, layers_attr: str, d: int) -> Reading:
     children = dict(layer.named_children())
     norms = tuple(n for n, m in children.items() if _is_norm(m))
-    mixer = next((n for n in MIXER_NAMES if n in children), None)
-    named = [n for n in MLP_NAMES if n in children and _weighted(children[n])]
-    others = [n for n, m in children.items() if n not in norms and n != mixer and _weighted(m) and n not in named]
-    mlp = (named or [n for n in others if _matrices(children[n], d)[0]] or [None])[0]
+    weighted = [n for n, m in children.items() if n not in norms and _weighted(m)]
+    mixers = [n for n in weighted if mixes_positions(children[n])]
+    if len(mixers) > 1:
+        raise NoForm(f"its decoder layer has {len(mixers)} candidates for the mixer, modules that mix positions "
+                     f"({_named(children, mixers)}): which one a parallel block adds to v, or which the MLP "
+                     "follows, is undecided")
+    mixer = mixers[0] if mixers else None
+    after = [n for n in AFTER_THE_SUM if n in children]
+    others = [n for n in weighted if n != mixer and n not in after]
+    mlp, extra = _find_mlp(children, others, d)
     if mlp is None:
         what = f"its token mixer ({mixer}) " if mixer else "its decoder layer "
         raise NoForm(f"{what}has no MLP after it: the theorem needs an MLP after the mixer (a pure state-space "
                      "block has none)")
-    after = [n for n in AFTER_THE_SUM if n in children]
-    extra = [n for n in others if n != mlp and n not in after]
     beside = _moe_beside(children, extra, d)
     if extra and beside is None:
-        raise NoForm(f"its decoder layer has weighted parts that are neither its mixer, a norm nor its MLP "
-                     f"({', '.join(extra)}): no form of Table 1 here says what they read or add")
-    inputs, outer, bias, router = _matrices(children[mlp], d)
-    if not inputs or outer is None:
-        raise NoForm(f"its MLP ({mlp}, {type(children[mlp]).__name__}) has no matrices reading z and writing "
-                     "the residual that a Table 1 rule knows")
-    inputs = {f"{mlp}.{k}": v for k, v in inputs.items()}
+        raise NoForm(f"its decoder layer has {len(extra) + 1} candidates for the MLP, weighted paths that do not "
+                     f"mix positions ({_named(children, [mlp, *extra])}): which one reads z, and what the others "
+                     "read or add, no form of Table 1 decides")
+    if mlp in children:
+        inner = [path for path, m in children[mlp].named_modules() if path and mixes_positions(m)]
+        if inner:
+            kind = type(children[mlp].get_submodule(inner[0])).__name__
+            raise NoForm(f"its MLP candidate {mlp} holds a module that mixes positions and is not the layer's mixer "
+                         f"({mlp}.{inner[0]}, {kind}): Thm 7 needs an MLP that reads the query's z alone, and no "
+                         "form of Table 1 says what it reads")
+        inputs, outer, bias, router = _matrices(children[mlp], d)
+        if not inputs or outer is None:
+            raise NoForm(f"its MLP ({mlp}, {type(children[mlp]).__name__}) has no matrices reading z and writing "
+                         "the residual that a Table 1 rule knows")
+        inputs = {f"{mlp}.{k}": v for k, v in inputs.items()}
+        outer, bias, router = f"{mlp}.{outer}", f"{mlp}.{bias}" if bias else None, f"{mlp}.{router}" if router else None
+    else:  # the layer's own matrices: the MLP is no module, z is its first input matrix's input
+        inputs, outer, bias = _bare_matrices(children, [n for n in others if _bare(children[n])], d)
+        router = None
+        mlp = next(iter(inputs)).rsplit(".", 1)[0]
     input_at = {}
     for part in extra:  # the MoE beside the MLP: each matrix reads its own module's input
         for k, layout in _matrices(children[part], d)[0].items():
@@ -191,10 +249,45 @@ def _read_layer(layer: nn.Module, decoder_path: str, layers_attr: str, d: int) -
     buffers = dict(layer.named_buffers(recurse=False))
     scale = next((n for n in OUTPUT_SCALES if n in buffers and buffers[n].numel() == 1), None)
     norms = tuple(n for n in norms if "per_layer" not in n)  # the per-layer inputs' own norm reads no v
-    return Reading(decoder_path, layers_attr, mlp, mixer, norms, inputs,
-                   f"{mlp}.{outer}", f"{mlp}.{bias}" if bias else None,
-                   beside or (f"{mlp}.{router}" if router else None),
+    return Reading(decoder_path, layers_attr, mlp, mixer, norms, inputs, outer, bias, beside or router,
                    False, sum_at=after[0] if after else None, output_scale=scale, input_at=input_at)
+
+
+_FLAT = "\0flat"  # _find_mlp's answer when the MLP is the layer's own bare matrices
+
+
+def _find_mlp(children: dict[str, nn.Module], others: list[str], d: int) -> tuple[str | None, list[str]]:
+    """(the MLP, the weighted parts beside it) among the layer's weighted children that do not mix positions.
+    A child holding matrices that read d is the MLP; where several do, the one an MLP's usual name marks, when
+    the rest may be an MoE beside it (Gemma 4's router and experts; `_moe_beside` decides), else all are
+    returned as candidates. No such child but bare matrices on the layer: the MLP is those (`_FLAT`)."""
+    modules = [n for n in others if not _bare(children[n]) and _matrices(children[n], d)[0]]
+    bare = [n for n in others if _bare(children[n])]
+    if not modules and bare:
+        return (_FLAT, []) if len(bare) == len(others) else (bare[0], [n for n in others if n != bare[0]])
+    if not modules:
+        return None, []
+    named = [n for n in MLP_NAMES if n in modules]
+    mlp = (named or modules)[0]
+    return mlp, [n for n in others if n != mlp]
+
+
+def _bare_matrices(children: dict[str, nn.Module], bare: list[str], d: int):
+    """(input matrices -> layout, the outer matrix, its bias) of an MLP made of the layer's own matrices: those
+    reading d features and writing another width are the input matrices, the one writing d the outer one (in
+    registration order where the widths cannot tell: the last)."""
+    def width(name: str) -> tuple[int, int]:  # (in, out)
+        m = children[name]
+        w = m.weight
+        return (w.shape[0], w.shape[1]) if type(m).__name__ == "Conv1D" else (w.shape[1], w.shape[0])
+
+    layout = lambda name: CONV1D if type(children[name]).__name__ == "Conv1D" else LINEAR  # noqa: E731
+    outer = next((n for n in bare if width(n)[1] == d and width(n)[0] != d), bare[-1])
+    inputs = {f"{n}.weight": layout(n) for n in bare if n != outer and width(n)[0] == d}
+    if not inputs:
+        raise NoForm(f"its decoder layer's own matrices ({', '.join(bare)}) have none reading z beside the outer "
+                     f"one ({outer}): no MLP a Table 1 rule knows")
+    return inputs, f"{outer}.weight", _bias(children[outer], outer)
 
 
 def _moe_beside(children: dict[str, nn.Module], extra: list[str], d: int) -> str | None:
@@ -294,7 +387,7 @@ def _forms(r: Reading, layer: nn.Module, model_type: str):
         outputs.append(dict(output_rule=OUTER_WEIGHT, output_param=down,
                             captures={"y": (down.rsplit(".", 1)[0], "input")},
                             theorem="Thm 7 + Thm 9 (outer weight)"))
-    for out in outputs:
+    for out in map(_attention_kwargs(r), outputs):
         for at in (*pre, r.mlp):
             yield BlockAdapter(**common, **out, residual_at=at)
         if r.mixer:  # a parallel block: v = x + the mixer's output
@@ -313,8 +406,20 @@ def _moe_beside_forms(r: Reading, layer: nn.Module, common: dict, pre: list[str]
                    scale_offset=_scale_offset(layer.get_submodule(norm)),
                    theorem="Thm 7 (per-matrix inputs: MLP, router, experts) + Thm 10 (post-norm scale)",
                    load_kwargs={"experts_implementation": "eager"})  # the grouped kernel has no float64
+        out = _attention_kwargs(r)(out)
         for at in (*pre, r.mlp):
             yield BlockAdapter(**common, **out, residual_at=at)
+
+
+def _attention_kwargs(r: Reading):
+    """A form's keywords with the attention implementation the block needs added (eager under soft-capping:
+    the loader builds the model so, and the float64 check runs the layer so)."""
+    def add(out: dict) -> dict:
+        if not r.eager_attention:
+            return out
+        return dict(out, load_kwargs={**out.get("load_kwargs", {}), "attn_implementation": "eager"})
+
+    return add
 
 
 @dataclass(frozen=True)

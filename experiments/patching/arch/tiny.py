@@ -79,10 +79,45 @@ def gpt_oss(vocab_size: int):
                         sliding_window=16, **SHAPE, **tiny_common(vocab_size))
 
 
+def gemma2(vocab_size: int):
+    """Gemma 2: Gemma 3's block (pre- and post-MLP RMSNorm scaling by 1 + weight) with attention logits
+    soft-capped (the default 50), which only eager attention runs; sliding-window and global layers."""
+    from transformers import Gemma2Config
+
+    return Gemma2Config(intermediate_size=128, head_dim=16, query_pre_attn_scalar=16, sliding_window=16,
+                        **SHAPE, **tiny_common(vocab_size))
+
+
+def falcon(vocab_size: int, **change):
+    """Falcon (7B's block): a parallel block, attention and MLP both reading one LayerNorm of x, the attention
+    named `self_attention`, rotary positions, no biases; `change` gives the 40B/180B block."""
+    from transformers import FalconConfig
+
+    keys = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=4096,
+                new_decoder_architecture=False, parallel_attn=True, **tiny_common(vocab_size))
+    return FalconConfig(**dict(keys, **change))
+
+
+def falcon_new_decoder(vocab_size: int):
+    """Falcon 40B/180B's block (`new_decoder_architecture`): parallel, two LayerNorms (one for attention, one for
+    the MLP), grouped-query attention."""
+    return falcon(vocab_size, new_decoder_architecture=True, num_kv_heads=2)
+
+
+def opt(vocab_size: int):
+    """OPT: pre-LayerNorm, no MLP module (`fc1`, `fc2` hang on the layer), ReLU, biases, learned absolute
+    positions (offset 2), as OPT-125m and up."""
+    from transformers import OPTConfig
+
+    return OPTConfig(hidden_size=64, ffn_dim=128, word_embed_proj_dim=64, num_hidden_layers=4, num_attention_heads=4,
+                     max_position_embeddings=4096, do_layer_norm_before=True, **tiny_common(vocab_size))
+
+
 # model_type -> its written-out tiny config; name -> a variant's (a second size of a family)
 WRITTEN = {"olmo3": olmo3, "qwen3_moe": qwen3_moe, "qwen3_next": qwen3_next, "lfm2": lfm2, "gemma4_text": gemma4_text,
-           "gpt_oss": gpt_oss}
-VARIANTS = {"gemma4_text_moe": gemma4_text_moe, "gemma4_text_per_layer": gemma4_text_per_layer}
+           "gpt_oss": gpt_oss, "gemma2": gemma2, "falcon": falcon, "opt": opt}
+VARIANTS = {"gemma4_text_moe": gemma4_text_moe, "gemma4_text_per_layer": gemma4_text_per_layer,
+            "falcon_new_decoder": falcon_new_decoder}
 
 # keys shrunk in a stock config, where it has them
 SHRINK = dict(hidden_size=64, n_embd=64, d_model=64, intermediate_size=128, ffn_dim=128, n_inner=128,
