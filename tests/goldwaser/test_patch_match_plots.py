@@ -42,6 +42,11 @@ def test_the_ways_table_counts_tokens_per_way_with_wilson_intervals(tmp_path):
     assert t.loc["action", "top1_hi_pct"] == 100.0 and t.loc["action", "max_rel_linf"] == 0.01
     assert t.loc["materialized", "max_hidden_rel"] == 0.2 * 3
     assert any(p.name == "bf16_ways.png" for p in plot(metrics, tmp_path))
+    # a run the witness judged: its per-layer errors are the witness's, the other run keeps the pass's
+    judged = metrics[(metrics["metric"] == "hidden_rel") & (metrics["apply"] == "action")].assign(
+        metric="witness_hidden_rel", value=0.5)
+    t = ways_table(pd.concat([metrics, judged])).set_index("apply")
+    assert t.loc["action", "max_hidden_rel"] == 0.5 and t.loc["materialized", "max_hidden_rel"] == 0.2 * 3
 
 
 def test_the_margin_at_a_miss_is_read_from_the_same_model_when_run_ids_repeat_across_sweeps():

@@ -312,8 +312,9 @@ def _figure_table1(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
 
 def ways_table(metrics: pd.DataFrame) -> pd.DataFrame:
     """Per model × dtype × variant × apply × advance: top-1 matches of tokens with the 95 % Wilson interval
-    of the rate, the largest relative logit L∞, the median TVD and the largest per-layer hidden error
-    against the record (any layer, any token): the rows of docs/goldwaser.md's bfloat16 table."""
+    of the rate, the largest relative logit L∞, the median TVD and the largest per-layer hidden error (any
+    layer, any token: an open loop's is the witness's against its uncached with-context forward, a closed
+    loop's the pass's against the record): the rows of docs/goldwaser.md's bfloat16 table."""
     from experiments.core.intervals import wilson
 
     top1 = metrics[metrics["metric"] == "top1_match"]
@@ -326,6 +327,10 @@ def ways_table(metrics: pd.DataFrame) -> pd.DataFrame:
     for name, metric_name, how in (("max_rel_linf", "logit_linf_rel", "max"), ("median_tvd", "tvd", "median"),
                                    ("max_hidden_rel", "hidden_rel", "max")):
         rows = metrics[metrics["metric"] == metric_name]
+        if metric_name == "hidden_rel":  # where a witness judged the run, its per-layer errors
+            witness = metrics[metrics["metric"] == "witness_hidden_rel"]
+            judged = set(witness.groupby(keys).groups) if len(witness) else set()
+            rows = pd.concat([witness, rows[[k not in judged for k in rows[keys].itertuples(index=False)]]])
         out = out.merge(rows.groupby(keys)["value"].agg(how).rename(name).reset_index(), on=keys, how="left")
     margin = metrics[metrics["metric"] == "context_margin"]
     if not margin.empty:  # how near a tie the with-context top-1 was: over every token, and at the misses
