@@ -47,27 +47,40 @@ def validate_model(cfg, prompts: list[str], max_new_tokens: int) -> None:
     if getattr(cfg, "image", None) and not multimodal(config):  # only patch_match takes an image
         raise UserError(f"image=... needs a multimodal Gemma 3 (e.g. model=google/gemma-3-4b-it or "
                         f"model=tiny-gemma3-vision); {cfg.model} is text-only")
-    check_witness_fits(cfg, config, dtype, device, prompts, max_new_tokens, image=bool(getattr(cfg, "image", None)))
+    from experiments.patching.kinds import MATERIALIZED
+
+    check_witness_fits(cfg, config, dtype, device, prompts, max_new_tokens, image=bool(getattr(cfg, "image", None)),
+                       copies=getattr(cfg, "apply", MATERIALIZED) == MATERIALIZED)  # an export materializes
 
 
 TEMPLATE_TOKENS = 64  # more than any chat template adds around one user turn (Gemma's, Qwen's: under 30)
 
 
 def check_witness_fits(cfg, config, dtype, device, prompts: list[str], max_new_tokens: int,
-                       image: bool = False) -> None:
-    """Before any run folder: the model and the witness's reference forward of the longest prompt and its
+                       image: bool = False, copies: bool = True) -> None:
+    """Before any run folder: the model, with `copies` every layer's MLP patched at once (a materialized
+    update holds a copy of each patched matrix: 9 GB beside the 12 GB of Qwen 1.5B in float64, which was killed
+    for memory before this counted it), and the witness's reference forward of the longest prompt and its
     reply (patching/witness.py) fit in the memory available, or one line naming the memory needed. First
     from the prompts' bytes (a byte-level tokenizer makes at most one token of a byte, plus the template and
     an image's tokens): an upper bound, so what fits there fits. Only when it does not, the model is loaded
     and the prompts encoded as the run will, so no run is refused for a bound."""
     import torch
 
+    from experiments.patching.load import patched_parameter_count
     from experiments.patching.witness import reference_bytes, too_large
     from experiments.zoo.loading import MEMORY_HEADROOM, available_bytes, parameter_count
 
     width = torch.tensor([], dtype=dtype).element_size()
     weights = int(parameter_count(config) * width * MEMORY_HEADROOM)
+    patched = patched_parameter_count(config) * width if copies else 0
     free = available_bytes(device)
+    if weights + patched > free:
+        raise UserError(f"model {cfg.model!r} needs about {(weights + patched) / 2**30:.1f} GiB in "
+                        f"{str(dtype).removeprefix('torch.')} with every layer's MLP patched at once "
+                        f"({patched / 2**30:.1f} GiB of it), but only {free / 2**30:.1f} GiB is available: use a "
+                        f"smaller model or dtype, or apply=action")
+    weights += patched
     extra = TEMPLATE_TOKENS + (getattr(config, "mm_tokens_per_image", 0) if image else 0)
     bound = max(len(p.encode("utf-8")) for p in prompts) + extra + max_new_tokens
     if weights + reference_bytes(config, bound, max_new_tokens, width) <= free:

@@ -75,6 +75,17 @@ RANDOM_OFFLINE_MODELS = loading.random_offline(CATALOG)  # the zoo's own and the
 FIX_HINT = loading.fix_hint("hub id", RANDOM_OFFLINE_MODELS)
 
 
+def patched_parameter_count(config) -> int:
+    """Parameters of every tensor a patch may write in every decoder layer (the input matrices, the output
+    rule's parameter and, for a post-norm block, the matrix App. B and the closed loop condition), on the
+    meta device: what a materialized update holds a patched copy of at once."""
+    model = loading.meta_model(config)
+    adapter = adapter_for(config.model_type)
+    names = {*adapter.input_matrices, adapter.output_param, *([adapter.pre_norm_matrix] if adapter.pre_norm_matrix
+                                                              else [])}
+    return sum(layer.get_parameter(name).numel() for layer in adapter.layers(model) for name in names)
+
+
 def check_patchable(name: str, dtype: torch.dtype, device: torch.device | str):
     """Everything that can be checked before a run folder exists (zoo/loading.check_model with patching's
     catalog): the config can be had, it can be patched, the model fits. Returns the config."""

@@ -115,18 +115,21 @@ def build_offline(name: str, seed: int, catalog: Catalog = PLAIN):
 
 
 # -- memory ------------------------------------------------------------------------------------------
-def parameter_count(config) -> int:
-    """Parameters of the causal LM `config` describes, counted on the meta device (nothing allocated)."""
+def meta_model(config):
+    """The causal LM `config` describes, on the meta device (shapes only, nothing allocated)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"), quiet_transformers():
         if config.model_type == "gemma3":
             from transformers import Gemma3ForConditionalGeneration
 
-            model = Gemma3ForConditionalGeneration(config)
-        else:
-            model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+            return Gemma3ForConditionalGeneration(config)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def parameter_count(config) -> int:
+    """Parameters of the causal LM `config` describes, counted on the meta device (nothing allocated)."""
+    return sum(p.numel() for p in meta_model(config).parameters())
 
 
 def available_bytes(device: torch.device | str) -> int:

@@ -133,3 +133,23 @@ def test_a_bound_that_does_not_fit_is_settled_by_the_prompts_own_tokens(monkeypa
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: loads.append(a[0]) or load(*a, **k))
     validate(typed(compose("patch_match", "model=tiny-llama", "max_new_tokens=2", preset="smoke")))
     assert loads == ["tiny-llama"]  # settled by the encoded prompts, not by the bound
+
+
+def test_every_layer_patched_at_once_is_counted_before_the_run_folder(monkeypatch, tmp_path):
+    """A materialized update holds a copy of every patched matrix at once (Qwen 1.5B in float64: 9 GB beside
+    12 GB, killed for memory before this was counted): a machine with room for the model but not for those
+    copies refuses in one line; the same machine runs apply=action, which keeps factors only (the control)."""
+    from experiments.core.config_schema import typed
+    from experiments.goldwaser.patch_match.run import validate
+    from experiments.patching import witness
+    from experiments.patching.load import offline_config, patched_parameter_count
+    from experiments.zoo import loading
+    from tests.helpers.in_process import compose, refusal
+
+    copies = patched_parameter_count(offline_config("tiny-llama")) * 4
+    assert copies > 0
+    monkeypatch.setattr(loading, "available_bytes", lambda device: _room_for_weights_and(copies // 2))
+    monkeypatch.setattr(witness, "reference_bytes", lambda *args: 0)  # the copies alone decide here
+    text = refusal("patch_match", tmp_path / "run", "model=tiny-llama", "max_new_tokens=2")
+    assert "with every layer's MLP patched at once" in text and "apply=action" in text
+    validate(typed(compose("patch_match", "model=tiny-llama", "max_new_tokens=2", "apply=action", preset="smoke")))

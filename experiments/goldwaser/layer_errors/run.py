@@ -75,7 +75,8 @@ def validate(cfg: LayerErrorsConfig) -> None:
     largest = max((resolve_dtype(d) for d in cfg.dtypes), key=lambda t: t.itemsize)
     device = resolve_device(cfg.device)
     config = check_patchable(cfg.model, largest, device)
-    check_witness_fits(cfg, config, largest, device, list(cfg.prompts), cfg.max_new_tokens)
+    check_witness_fits(cfg, config, largest, device, list(cfg.prompts), cfg.max_new_tokens,
+                       copies=cfg.apply != ACTION)
     adapter = adapter_for(config.model_type)
     for variant in chosen_variants(cfg, adapter):
         check_apply(adapter, check_variant(adapter, variant), cfg.apply)
