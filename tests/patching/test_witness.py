@@ -153,3 +153,24 @@ def test_every_layer_patched_at_once_is_counted_before_the_run_folder(monkeypatc
     text = refusal("patch_match", tmp_path / "run", "model=tiny-llama", "max_new_tokens=2")
     assert "with every layer's MLP patched at once" in text and "apply=action" in text
     validate(typed(compose("patch_match", "model=tiny-llama", "max_new_tokens=2", "apply=action", preset="smoke")))
+
+
+def test_the_checks_before_a_run_build_the_meta_model_once(monkeypatch):
+    """validate reads one config three times (patchable, its parameters, what a patch writes): one meta model is
+    built for it, not three; a second config object gets its own (the control: the count can grow)."""
+    import transformers
+
+    from experiments.core.config_schema import typed
+    from experiments.goldwaser.patch_match.run import validate
+    from experiments.patching.load import offline_config
+    from experiments.zoo import loading
+    from tests.helpers.in_process import compose
+
+    built = []
+    build = transformers.AutoModelForCausalLM.from_config
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config",
+                        lambda *a, **k: built.append(a[0].model_type) or build(*a, **k))
+    validate(typed(compose("patch_match", "model=tiny-llama", "max_new_tokens=2", preset="smoke")))
+    assert built == ["llama"]
+    loading.parameter_count(offline_config("tiny-llama"))
+    assert built == ["llama", "llama"]

@@ -41,7 +41,6 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field, replace
 
-import torch
 from torch import nn
 
 from experiments.patching.arch.base import CONV1D, EXPERTS, EXPERTS_IN_OUT, LINEAR, BlockAdapter
@@ -107,11 +106,10 @@ def candidates(config) -> list[BlockAdapter]:
 
 
 def _meta_model(config) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+    from experiments.zoo.loading import meta_model
 
     try:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
+        return meta_model(config)  # the one the memory checks count next
     except Exception as err:
         from experiments.core.errors import first_line
 
