@@ -1,6 +1,7 @@
-"""One job's composed config, checked before any job starts (the CLI runs these for every job of a command
-line; a job does not check again): the device, threads, a misspelt offline model, the experiment's own
-validate(); then, over the jobs, a parallel launcher's GPUs and slow float64 cards."""
+"""One job's composed config, checked once before the job begins: the device, threads, a misspelt offline model,
+the experiment's own validate(); then, over the jobs, a parallel launcher's GPUs and slow float64 cards. A
+sweep's jobs are all checked by the CLI before the first starts (cli/overrides.py); a plain run's job checks
+itself, in the job (`check_in_job`, from cli/hydra_app.py)."""
 
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ def check_model_name(cfg: DictConfig) -> None:
 
 
 def check_job(exp: Experiment, cfg: DictConfig) -> None:
-    """Every check of one job's composed config that its types cannot make, in one place: the CLI runs it
-    for each job of a command line before any job starts, and the job does not run it again."""
+    """Every check of one job's composed config that its types cannot make, in one place, run once a job:
+    by the CLI for each job of a sweep before any starts, or by a plain run's job (`check_in_job`)."""
     check_device(cfg)
     check_threads(cfg)
     check_model_name(cfg)
@@ -122,3 +123,15 @@ def warn_slow_float64(exp: Experiment, configs: list[DictConfig]) -> None:
             print(f"warning: dtype=float64 on cuda:{index} ({card}): this card computes float64 at 1/{ratio} of "
                   f"its float32 rate, so the float64 work of {exp.name} will take about {ratio}x longer than in "
                   f"float32 (an A100 or H100 runs float64 at 1/2)", file=sys.stderr)
+
+
+def check_in_job(name: str, cfg: DictConfig) -> None:
+    """A plain run's checks, in its job, on the config Hydra composed for it (no second composition): the run
+    is in this process, so its GPU's free memory may be read (`this_process_runs_on`), then `check_job` and
+    the float64 warning. A UserError here is the CLI's one line; the folder Hydra made goes (cli/launch.py)."""
+    from experiments.core import registry
+
+    exp = registry.get(name)
+    this_process_runs_on(cfg)
+    check_job(exp, cfg)
+    warn_slow_float64(exp, [cfg])

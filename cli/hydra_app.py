@@ -5,15 +5,54 @@ Hydra users expect."""
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import hydra
+from hydra._internal.hydra import Hydra
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from experiments.core.config_store import register_schemas
 from experiments.core.errors import UserError
 from experiments.core.registry import CONF_DIR
 
-register_schemas()  # before @hydra.main composes: conf/config.yaml selects `experiment: NAME` from the ConfigStore
+# Before @hydra.main composes: conf/config.yaml selects `experiment: NAME` from the ConfigStore. The CLI imports
+# this module once argv names the experiment (storing one config, not twenty: 0.6 s of a one-line answer); a
+# launcher's worker process (joblib, SLURM) imports it to unpickle the job, with argv of its own: every one.
+register_schemas(*(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("experiment=")))
+
+
+def _mode_said_on_the_command_line(get_mode):
+    """Hydra 1.3 composes a whole config to read `hydra.mode`, then composes it again to run (hydra#3440, open;
+    the fix proposed there reads the mode from the overrides first): the CLI says the mode (`hydra.mode=RUN` or
+    `MULTIRUN`), so it is read from there and a job is composed once. Without it, Hydra's own answer."""
+
+    def read(self, config_name, overrides):
+        said = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.mode=")]
+        return RunMode[said[-1]] if said and said[-1] in RunMode.__members__ else get_mode(self, config_name,
+                                                                                           overrides)
+    return read
+
+
+Hydra.get_mode = _mode_said_on_the_command_line(Hydra.get_mode)
+
+# A plain run's checks run in its job, once Hydra has composed its config (cli/launch.py asks for them with
+# `checked_in_job`; a sweep's jobs were all checked by the CLI before the first began, and do not check again).
+_state = {"check": False, "began": False}  # began: the job passed its checks (run.json written from then on)
+
+
+@contextmanager
+def checked_in_job():
+    """While the CLI runs a plain run through main(): its job checks its config before it begins."""
+    _state.update(check=True, began=False)
+    try:
+        yield
+    finally:
+        _state.update(check=False)
+
+
+def job_began() -> bool:
+    return _state["began"]
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -23,14 +62,21 @@ def main(cfg: DictConfig) -> dict:
     basic launcher or make joblib kill the other workers), and the sweep's end
     (experiments.core.callbacks) reports it and sets the exit code."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     from experiments.core.runner import run_from_hydra
 
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
+    _state["began"] = False
     try:
+        if _state["check"] and not sweeping:
+            from cli.check_job import check_in_job
+
+            check_in_job(HydraConfig.get().runtime.choices["experiment"], cfg)
+        _state["began"] = True
         run_from_hydra(cfg)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: run.json already says interrupted; one line
+        if not job_began():  # during the checks: the CLI's line for a run that had not begun, no folder kept
+            raise
         from experiments.core.progress import last_progress
 
         where = f" at {last_progress()}" if last_progress() else ""

@@ -44,56 +44,120 @@ def _interrupted_at_start(started: dict, multirun: bool) -> None:
 
 
 def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> Path:
-    """Check the command line, choose the run folder, hand over to Hydra; the run folder once it is done."""
+    """Check the command line, choose the run folder, hand over to Hydra; the run folder once it is done.
+
+    A sweep is checked whole here, every job's config composed and checked before the first starts (a bad 17th
+    value costs no 16 jobs; cli/overrides.check_command_line). A plain run is composed once, by Hydra, and
+    checked once, in its job, before run.json (cli/hydra_app.py): its refusal is the same one line, and the
+    folder Hydra made for it is removed. Under torchrun a plain run is checked here too: every rank needs its
+    GPU count said before the ranks agree on a folder."""
     from cli.hydra_flags import ONE_CONFIG
-    from cli.overrides import check_command_line
+    from cli.overrides import check_command_line, check_line
 
     if any(flag.split("=", 1)[0] in ONE_CONFIG for flag in hydra_flags(overrides)):
         return _show(name, overrides, multirun)
     try:
-        exp, cfg = check_command_line(name, overrides, multirun)  # every job checked here, once
-        from experiments.core.distributed import (  # imports torch: after a bad override has been said
-            agree_across_ranks,
-            check_gpu_count,
-            hydra_overrides_for_rank,
-            is_main_process,
-        )
+        from experiments.core import ranks, registry  # neither imports torch
 
-        check_gpu_count(cfg.get("device", "auto"))  # under torchrun: a GPU per rank, said once, before anything
+        torchrun = ranks.info().distributed
+        checked_here = multirun or torchrun
+        if checked_here:
+            exp, cfg = check_command_line(name, overrides, multirun)  # every job checked here, once
+            from experiments.core.distributed import check_gpu_count  # torch: once the command line is read
+
+            check_gpu_count(cfg.get("device", "auto"))  # under torchrun: a GPU per rank, before the ranks agree
+            own = cfg.get(exp.run_dir_key) if exp.run_dir_key else None
+        else:  # the experiment's declaration (its home, no torch) names the key of its run folder
+            parsed = check_line(name, overrides, multirun)
+            exp = registry.get(name)
+            own = next((o.value() for o in reversed(parsed) if exp.run_dir_key and o.key_or_group ==
+                        exp.run_dir_key), None)
         dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         given = [o.split("=", 1)[1] for o in overrides if o.startswith(dir_key + "=")]
-        own = cfg.get(exp.run_dir_key) if exp.run_dir_key else None  # the experiment's key for its run folder:
-        if not given and not multirun and own:  # its value is the folder, and stays in run.json's overrides
+        # the experiment's key for its run folder: its value is the folder, and stays in run.json's overrides
+        if not given and not multirun and own:
             given = [str(own)]
             overrides.append(f"{dir_key}={own}")
         if given:
             out_dir = given[-1]
         else:
-            stamp = agree_across_ranks(unique_stamp())  # under torchrun every rank takes rank 0's folder
+            stamp = unique_stamp()
+            if torchrun:  # every rank takes rank 0's
+                from experiments.core.distributed import agree
+
+                stamp = agree(stamp)
             out_dir = f"results/{name}/multirun/{stamp}" if multirun else f"results/{name}/{stamp}"
             overrides.append(f"{dir_key}={out_dir}")
         started.update(out_dir=out_dir, existed=Path(out_dir).exists())
-        if "${" not in out_dir and is_main_process():  # rank 0 makes the folder the others share
+        if "${" not in out_dir and ranks.is_main_process():  # rank 0 makes the folder the others share
             check_writable(out_dir)
-        overrides += hydra_overrides_for_rank()  # ranks > 0 write no .hydra/ and no log file
+        overrides += ranks.hydra_overrides_for_rank()  # ranks > 0 write no .hydra/ and no log file
     except UserError as err:
         fail(str(err))
-
-    from cli import hydra_app
 
     # Hydra's parser takes the overrides before its own flags (`--cfg job`, `--info`, ...).
     flags = hydra_flags(overrides)
     plain = [o for o in overrides if o not in flags]
-    sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags, *(["--multirun"] if multirun else [])]
-    hydra_app.main()
+    mode = "hydra.mode=MULTIRUN" if multirun else "hydra.mode=RUN"  # read from here, not composed (hydra_app.py)
+    sys.argv = ["icl-exp", f"experiment={name}", *plain, mode, *flags, *(["--multirun"] if multirun else [])]
+    if checked_here:
+        from cli import hydra_app  # after argv: it stores the config of the experiment argv names
+
+        hydra_app.main()
+    else:
+        _run_checked_in_job(name, plain, started)
     return Path(out_dir)
+
+
+def _run_checked_in_job(name: str, overrides: list[str], started: dict) -> None:
+    """A plain run: Hydra composes its config (once) and its job checks it (hydra_app.check_in_job). A value
+    composition refuses is worded as the CLI words it (cli/config_errors.py), from Hydra's own exception; a
+    job's refusal leaves no folder behind: what Hydra wrote before the job began (.hydra/, the log) is
+    removed, and the folder too when this run made it."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from cli import hydra_app
+    from cli.config_errors import composition_error, refused_in
+
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what composition refused, instead of printing it
+    try:
+        with hydra_app.checked_in_job():
+            hydra_app.main()
+    except (HydraException, OmegaConfBaseException) as err:
+        if hydra_app.job_began():
+            raise
+        keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]  # the keys typed, as the CLI names them
+        fail(composition_error(err, name, keys, refused_in(err)))
+    except SystemExit as end:
+        if end.code == 2 and not hydra_app.job_began():
+            _remove_unbegun(started)
+        raise
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
+
+
+def _remove_unbegun(started: dict) -> None:
+    """The run folder of a job refused before it began: Hydra's files in it removed, and the folder too when
+    this command made it (a folder the user made stays, as it was)."""
+    import shutil
+
+    out = Path(started["out_dir"])
+    if not started.get("existed"):
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    shutil.rmtree(out / ".hydra", ignore_errors=True)
+    (out / "icl-exp.log").unlink(missing_ok=True)
 
 
 def _show(name: str, overrides: list[str], multirun: bool) -> None:
     """`icl-exp run NAME ... --cfg job` (or `--info`): Hydra prints the composed config and runs nothing, so the
     command line is checked as far as composition checks it (keys, types; one line for a bad one) and no run
     folder is chosen or made: the answer imports no experiment module, torch or pandas."""
-    from cli import hydra_app
     from cli.overrides import check_command_line
 
     try:
@@ -103,6 +167,8 @@ def _show(name: str, overrides: list[str], multirun: bool) -> None:
     flags = hydra_flags(overrides)
     plain = [o for o in overrides if o not in flags]
     sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags]
+    from cli import hydra_app
+
     hydra_app.main()
 
 

@@ -1,12 +1,13 @@
 """Check a command line before Hydra starts a run, so bad input costs one clear line and leaves
 no half-made run folder behind.
 
-Unknown keys and ill-typed values are caught by composing the config (the experiment's config class, in
-experiments/<paper>/<name>/__init__.py, types its keys) and worded by cli/config_errors.py. What composition
-cannot see is checked here: a sweep without -m, a group option or launcher that is not there, `--flags`,
-and, for each job's config, `check_job` (the device, threads, a misspelt offline model, the experiment's
-own validate()). Sweeps are expanded (compose.py) and every combination (up to MAX_COMBINATIONS_CHECKED) is checked
-before any job starts; a job does not check its config again.
+`check_line` reads what composition cannot see, composing nothing: a sweep without -m, a group option or
+launcher that is not there, `--flags`. A plain run stops there: Hydra composes its config once and its job
+checks it (cli/check_job.check_in_job). A sweep goes on in `check_command_line`: every combination (up to
+MAX_COMBINATIONS_CHECKED, expanded by compose.py) is composed (unknown keys and ill-typed values refused by
+the experiment's config class, worded by cli/config_errors.py) and checked by `check_job` (the device,
+threads, a misspelt offline model, the experiment's own validate()) before any job starts; its jobs do not
+check again.
 """
 
 from __future__ import annotations
@@ -33,13 +34,11 @@ def validate(name: str, overrides: list[str], multirun: bool = True) -> DictConf
     return check_command_line(name, overrides, multirun)[1]
 
 
-def check_command_line(name: str, overrides: list[str], multirun: bool,
-                       jobs: bool = True) -> tuple[Experiment | None, DictConfig]:
-    """validate(), and the experiment it ran: the command line checked, every job's config composed and
-    checked (check_job); the experiment and the last job's config (the one config of a plain run).
-    `jobs=False` (`--cfg job`, `--info`: Hydra prints, nothing runs): composition's checks alone, the keys and
-    their types, so the answer imports no experiment module (and no torch); no experiment is returned."""
-    registry.check_name(name)  # the module (and torch) is imported once the command line has composed
+def check_line(name: str, overrides: list[str], multirun: bool) -> list:
+    """What the command line says before any composition (no experiment module, torch or pandas imported):
+    the name, `--flags`, a launcher or logger that is there, groups and sweeps (a sweep without -m), an added
+    key that is new (the one case that composes: the reference config). Returns the parsed overrides."""
+    registry.check_name(name)
     check_schema_registered(name)
     check_flags(name, overrides)
     hydra_flags = [o for o in overrides if o.startswith("-")]
@@ -59,23 +58,30 @@ def check_command_line(name: str, overrides: list[str], multirun: bool,
     if any(o.key_or_group == "experiment" for o in parsed):
         raise UserError("give the experiment as `icl-exp run NAME`, not experiment=NAME")
     check_sweeps_and_groups(name, parsed, multirun)
-    groups = [o.input_line for o in parsed if not o.is_sweep_override() and o.key_or_group == "preset"]
-    keys = [o.key_or_group for o in parsed]
-    composed: dict[str, DictConfig] = {}
-
-    def reference() -> DictConfig:
-        """The config without the overrides (the keys there are, the types of their defaults), composed
-        only when needed (a `+key`): each composition costs about 0.3 s, and a bad key or value is worded
-        from the composition that refused it."""
-        if "ref" not in composed:
-            try:
-                composed["ref"] = compose_config([f"experiment={name}", *groups])
-            except HydraException as err:
-                raise UserError(composition_error(err, name, keys, None)) from None
-        return composed["ref"]
-
     if any(o.is_add() or o.is_force_add() for o in parsed):
-        check_added_keys(parsed, reference())
+        check_added_keys(parsed, _reference(name, parsed))
+    return parsed
+
+
+def _reference(name: str, parsed: list) -> DictConfig:
+    """The config without the overrides but their preset (the keys there are, the types of their defaults),
+    composed only for a `+key`: each composition costs about 0.3 s."""
+    groups = [o.input_line for o in parsed if not o.is_sweep_override() and o.key_or_group == "preset"]
+    try:
+        return compose_config([f"experiment={name}", *groups])
+    except HydraException as err:
+        raise UserError(composition_error(err, name, [o.key_or_group for o in parsed], None)) from None
+
+
+def check_command_line(name: str, overrides: list[str], multirun: bool,
+                       jobs: bool = True) -> tuple[Experiment | None, DictConfig]:
+    """A sweep's checks, all before its first job: the command line (check_line), every job's config composed
+    and checked (check_job); the experiment and the last job's config. (A plain run composes once, in Hydra,
+    and its job checks itself: cli/launch.py.)
+    `jobs=False` (`--cfg job`, `--info`: Hydra prints, nothing runs): composition's checks alone, the keys and
+    their types, so the answer imports no experiment module (and no torch); no experiment is returned."""
+    parsed = check_line(name, overrides, multirun)
+    keys = [o.key_or_group for o in parsed]
     # every combination composed first: a bad value anywhere in a sweep is said before torch is imported
     configs = []
     for combo in expand(parsed):
@@ -85,7 +91,7 @@ def check_command_line(name: str, overrides: list[str], multirun: bool,
             raise UserError(composition_error(err, name, keys, refused_in(err))) from None
     if not jobs:  # no registry.get: a one-file experiment's module imports torch
         GlobalHydra.instance().clear()
-        return None, configs[-1] if configs else reference()
+        return None, configs[-1] if configs else _reference(name, parsed)
     exp = registry.get(name)
     if not multirun and configs:
         this_process_runs_on(configs[-1])
@@ -93,6 +99,6 @@ def check_command_line(name: str, overrides: list[str], multirun: bool,
         check_job(exp, cfg)
     check_parallel_gpus(configs)
     warn_slow_float64(exp, configs)
-    cfg = configs[-1] if configs else reference()
+    cfg = configs[-1] if configs else _reference(name, parsed)
     GlobalHydra.instance().clear()
     return exp, cfg

@@ -80,10 +80,10 @@ def resume_sweep(folder: Path, allow_changed: bool = False, experiment: str | No
         return sweep.folder
     print(f"resuming {sweep.folder}: job{'s' * (len(todo) > 1)} {', '.join(map(str, todo))} of {len(sweep.jobs)}",
           flush=True)
-    from cli import hydra_app
-
     sys.argv = ["icl-exp", *sweep.task_overrides, *sweep.hydra_overrides, f"hydra.sweep.dir={sweep.folder}",
                 "hydra/sweeper=icl_exp_resume", "--multirun"]
+    from cli import hydra_app  # after argv, which names the experiment
+
     hydra_app.main()
     return sweep.folder
 

@@ -36,6 +36,14 @@ class Dtype(StrEnum):
     float64 = "float64"
     fp64 = "float64"
 
+    @property
+    def torch(self):
+        """The torch dtype (torch.float32, ...): the canonical name is torch's. Torch is imported here, not with
+        the schema (`icl-exp list` reads every config class without it)."""
+        import torch
+
+        return getattr(torch, self.value)
+
 
 # A key with no default, which a `section(...)` must give: omegaconf's own MISSING marker ("???"), written here so
 # that a config class costs no omegaconf import (`icl-exp list` imports every experiment's home).

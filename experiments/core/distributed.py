@@ -15,37 +15,13 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from experiments.core.errors import UserError
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-
-def info() -> DistInfo:
-    env = os.environ
-    return DistInfo(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
-
-
-def is_main_process() -> bool:
-    return info().is_main
+from experiments.core.ranks import DistInfo, hydra_overrides_for_rank, info, is_main_process  # noqa: F401 (here too)
 
 
 def init() -> DistInfo:
@@ -174,17 +150,6 @@ def wait_for(path: Path, poll_s: float = 2.0) -> None:
     the other ranks poll the file system instead of sitting in a barrier)."""
     while not Path(path).exists():
         time.sleep(poll_s)
-
-
-def hydra_overrides_for_rank() -> list[str]:
-    """Ranks other than 0 write no .hydra/ folder and no log file into the shared run folder."""
-    if info().is_main:
-        return []
-    # The console handler stays (conf/config.yaml gives it the project's formatter, which a disabled
-    # job_logging would leave without a class); the log-file handler is kept off the root logger and
-    # opens its file lazily, so it never touches the shared folder.
-    return ["hydra.output_subdir=null", "hydra.job_logging.root.handlers=[console]",
-            "++hydra.job_logging.handlers.file.delay=true", "hydra/hydra_logging=disabled"]
 
 
 def run_on_worker_rank(exp, cfg, run_dir: Path, run_id: str):

@@ -10,26 +10,17 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from experiments.core.config_schema import DEVICES, Dtype
 from experiments.core.errors import UserError
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float64": torch.float64,
-    "fp64": torch.float64,
-}
-DEVICES = ("auto", "cpu", "cuda")
 
-
-def resolve_dtype(name: str) -> torch.dtype:
+def resolve_dtype(name) -> torch.dtype:
+    """A dtype's name (or the schema's Dtype, which a typed config holds: `cfg.dtype.torch` says the same) as
+    the torch dtype; one line for a name that is none. The names and aliases are the schema's Dtype."""
     try:
-        return DTYPES[str(name).lower()]
+        return Dtype[str(name).lower()].torch  # by name: the aliases are names
     except KeyError:
-        raise UserError(f"dtype={name!r} is not one of {', '.join(DTYPES)}") from None
+        raise UserError(f"dtype={name!r} is not one of {', '.join(Dtype.__members__)}") from None
 
 
 def dtype_name(dtype: torch.dtype) -> str:

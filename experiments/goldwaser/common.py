@@ -33,12 +33,12 @@ def validate_model(cfg, prompts: list[str], max_new_tokens: int) -> None:
     its architecture has an adapter, the variant applies, it fits in memory beside the witness's reference
     forward of `prompts` and `max_new_tokens` more (`check_witness_fits`), an image comes with a vision
     model. The variant's name the schema's Enum has checked."""
-    from experiments.core.runtime import resolve_device, resolve_dtype
+    from experiments.core.runtime import resolve_device
     from experiments.patching.arch import adapter_for
     from experiments.patching.load import check_patchable
     from experiments.patching.variants import check_apply, check_variant
 
-    dtype, device = resolve_dtype(cfg.dtype), resolve_device(cfg.device)
+    dtype, device = cfg.dtype.torch, resolve_device(cfg.device)  # the typed config's Dtype
     config = check_patchable(cfg.model, dtype, device)
     if cfg.variant is not None:  # None: the experiment picks one for the family (patch_export)
         variant = check_variant(adapter_for(config.model_type), cfg.variant)

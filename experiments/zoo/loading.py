@@ -280,7 +280,18 @@ def check_model(name: str, dtype: torch.dtype, device: torch.device | str, catal
         config, _ = resolve_config(local_checkpoint(name, catalog), catalog)
     catalog.require(config)
     check_fits(name, config, dtype, device)
+    _checked[_check_key(name, dtype, device, catalog)] = config
     return config
+
+
+# What check_model found, kept for the load that follows it: a job checks its model once (its validate, before
+# any run folder) and its load takes that check instead of making it again. Taken once; a model loaded without
+# a check before (a second dtype, the Python API) is checked at its load.
+_checked: dict[tuple, object] = {}
+
+
+def _check_key(name: str, dtype: torch.dtype, device, catalog: Catalog) -> tuple:
+    return str(name), dtype, str(torch.device(device)), id(catalog)
 
 
 def _from_pretrained(name: str, dtype: torch.dtype, local_only: bool, catalog: Catalog):
@@ -311,7 +322,8 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.devi
     """The model `name` (see the module docstring) in `dtype` on `device`, in eval mode, checked by `catalog`
     before and after loading (patching/load.py's `load_checked` passes patching's)."""
     name = str(name)
-    config = check_model(name, dtype, device, catalog)
+    config = _checked.pop(_check_key(name, dtype, device, catalog), None) or check_model(name, dtype, device, catalog)
+    _checked.pop(_check_key(name, dtype, device, catalog), None)
     if name in random_offline(catalog):
         model, tok, processor = build_offline(name, seed, catalog)
         model = model.to(dtype)

@@ -81,19 +81,20 @@ def test_a_plain_run_is_refused_for_its_gpus_free_memory(tmp_path):
 
 
 def test_float64_on_a_card_with_slow_float64_warns_once(tmp_path):
-    """layer_errors runs float32 and float64: on an RTX 4090 (1/64) one warning; on an H100 (1/2) none. The
-    run stops right after the checks, at its output folder, which cannot be made (a file stands where its parent
-    would be): `--cfg job` runs no job check (it prints what composition gives, importing no torch)."""
-    free = {"FAKE_FREE": str(24 << 30)}  # a plain run's check reads its own GPU's free memory
+    """layer_errors runs float32 and float64: on an RTX 4090 (1/64) one warning for a sweep's two jobs on the
+    card; on an H100 (1/2) none. The sweep stops right after the CLI's checks of its jobs, at its output folder,
+    which cannot be made (a file stands where its parent would be): `--cfg job` runs no job check (it prints
+    what composition gives, importing no torch). A plain run warns from the same function, in its job."""
+    free = {"FAKE_FREE": str(24 << 30)}
     (tmp_path / "a_file").write_text("")
-    stop = f"hydra.run.dir={tmp_path / 'a_file' / 'run'}"
-    proc = icl_on_fake_gpu(tmp_path, "layer_errors", "preset=smoke", "device=cuda", stop,
+    stop = f"hydra.sweep.dir={tmp_path / 'a_file' / 'run'}"
+    proc = icl_on_fake_gpu(tmp_path, "layer_errors", "preset=smoke", "device=cuda", "seed=0,1", "-m", stop,
                            card="NVIDIA GeForce RTX 4090", cc="8.9", env=free)
     assert proc.returncode == 2 and "cannot write the output folder" in proc.stderr, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "1/64" in warnings[0] and "64x longer" in warnings[0], proc.stderr[-3000:]
     assert "layer_errors" in warnings[0] and "RTX 4090" in warnings[0]
-    proc = icl_on_fake_gpu(tmp_path, "layer_errors", "preset=smoke", "device=cuda", stop, env=free)
+    proc = icl_on_fake_gpu(tmp_path, "layer_errors", "preset=smoke", "device=cuda", "seed=0,1", "-m", stop, env=free)
     assert proc.returncode == 2 and "warning:" not in proc.stderr, proc.stderr[-3000:]
 
 

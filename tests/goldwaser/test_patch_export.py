@@ -66,11 +66,9 @@ def test_export_round_trip_through_stock_transformers(tmp_path, model, variant):
 
 def _export_refusal(*args: str) -> str:
     """`icl-exp patch export ARGS` in this process (no interpreter to start per case): its one error line."""
-    from typer.testing import CliRunner
+    from tests.helpers.cli import invoke_in_process
 
-    from cli.main import app
-
-    result = CliRunner().invoke(app, ["patch", "export", *args])
+    result = invoke_in_process("patch", "export", *args)
     assert result.exit_code == 2, result.output
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
     return result.stderr

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.helpers.repo import REPO_ROOT
@@ -67,15 +68,39 @@ class InProcessResult:
         self.returncode, self.stdout, self.stderr = r.exit_code, r.stdout, r.stderr
 
 
-def cli_in_process():
-    """`icl-exp ARGS` in this process, as a function of ARGS: fast, for the errors raised before Hydra
-    starts a run."""
+@contextmanager
+def logging_kept():
+    """Python's logging as it was before, after a job ran in this process: Hydra configures logging for a job
+    (conf/config.yaml's job_logging: handlers on typer's captured streams, which the runner closes), and the
+    next test would log into a closed file. A user's command ends with its process; a test's does not."""
+    import logging
+
+    loggers = [logging.getLogger(), *(lg for lg in logging.root.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    saved = [(lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, level, handlers, propagate, disabled in saved:
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate, lg.disabled = propagate, disabled
+
+
+def invoke_in_process(*args: str):
+    """typer's runner on the CLI with ARGS, logging kept as it was (`logging_kept`): the runner's result."""
     from typer.testing import CliRunner
 
     from cli.main import app
 
-    runner = CliRunner()
-    return lambda *args: InProcessResult(runner.invoke(app, list(args)))
+    with logging_kept():
+        return CliRunner().invoke(app, list(args))
+
+
+def cli_in_process():
+    """`icl-exp ARGS` in this process, as a function of ARGS: fast, for the errors said before a run begins
+    (the command line's, and a plain run's checks in its job)."""
+    return lambda *args: InProcessResult(invoke_in_process(*args))
 
 
 def assert_one_line_error(proc, *fragments):

@@ -41,11 +41,9 @@ def run_claims(name: str, run_dir: Path, *overrides: str, preset: str = "smoke")
 def refusal(name: str, run_dir: Path, *overrides: str) -> str:
     """The one-line error of `icl-exp run NAME preset=smoke OVERRIDES` for a value it refuses, whitespace
     folded; asserted on the way: exit status 2, an `error:` line, and no run folder left behind."""
-    from typer.testing import CliRunner
+    from tests.helpers.cli import invoke_in_process
 
-    from cli.main import app
-
-    result = CliRunner().invoke(app, ["run", name, "preset=smoke", *overrides, f"hydra.run.dir={run_dir}"])
+    result = invoke_in_process("run", name, "preset=smoke", *overrides, f"hydra.run.dir={run_dir}")
     assert result.exit_code == 2
     text = " ".join(result.stderr.split())
     assert text.startswith("error:"), result.stderr

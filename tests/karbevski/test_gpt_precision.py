@@ -43,12 +43,9 @@ def test_run_json_records_the_precision_that_ran(tmp_path, smoke_runs):
     record = json.loads((run_dir / "run.json").read_text())
     assert record["dtype"] == "bfloat16" and record["precision"] == "bfloat16 autocast, float32 weights"
     # dtype=float16 is refused in one line, before any folder (in this process: no second interpreter)
-    from typer.testing import CliRunner
+    from tests.helpers.cli import invoke_in_process
 
-    from cli.main import app
-
-    refused = CliRunner().invoke(app, ["run", "gpt_wq", "preset=smoke", "dtype=float16",
-                                       f"hydra.run.dir={tmp_path / 'fp16'}"])
+    refused = invoke_in_process("run", "gpt_wq", "preset=smoke", "dtype=float16", f"hydra.run.dir={tmp_path / 'fp16'}")
     assert refused.exit_code == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
     assert "dtype=float16" in refused.stderr and not (tmp_path / "fp16").exists()
 

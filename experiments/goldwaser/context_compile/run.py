@@ -30,7 +30,7 @@ from experiments.goldwaser.context_compile import ContextCompileConfig
 # -- config ---------------------------------------------------------------------------------------
 def validate(cfg: ContextCompileConfig) -> None:
     """Everything checkable before a run folder exists: the model, its architecture, k against its rank."""
-    from experiments.core.runtime import resolve_device, resolve_dtype
+    from experiments.core.runtime import resolve_device
     from experiments.goldwaser.common import check_stop_at_eos, prompt_list, text_only
     from experiments.goldwaser.context_compile.measure import sweep_ks
     from experiments.patching.arch import adapter_for
@@ -46,7 +46,7 @@ def validate(cfg: ContextCompileConfig) -> None:
         raise UserError(f"heldout={cfg.heldout} must be 0 or more")
     check_stop_at_eos(cfg)
     prompt_list(cfg)
-    config = check_patchable(cfg.model, resolve_dtype(cfg.dtype), resolve_device(cfg.device))
+    config = check_patchable(cfg.model, cfg.dtype.torch, resolve_device(cfg.device))
     text_only(cfg, config)
     adapter = adapter_for(config.model_type)  # one line naming the supported ones
     check_fixed_patch(adapter)

@@ -101,7 +101,7 @@ def check_lora_targets(config, targets: list[str], model: str) -> None:
 
 def validate(cfg: SystemCompileConfig) -> None:
     """Everything checkable before a run folder exists and before any model is loaded."""
-    from experiments.core.runtime import resolve_device, resolve_dtype
+    from experiments.core.runtime import resolve_device
     from experiments.goldwaser.common import check_context_length, check_stop_at_eos, text_only
     from experiments.goldwaser.system_compile.adapter_checks import check_peft
     from experiments.goldwaser.system_compile.budgets import check_budgets
@@ -134,8 +134,7 @@ def validate(cfg: SystemCompileConfig) -> None:
     if "bake" in methods and (not isinstance(cfg.lora_targets, list) or not cfg.lora_targets):
         raise UserError("lora_targets= is empty: the LoRA needs the modules it adapts, e.g. "
                         "[gate_proj,up_proj,down_proj]")
-    config = check_patchable(cfg.model, resolve_dtype(cfg.dtype),
-                         resolve_device(cfg.device))
+    config = check_patchable(cfg.model, cfg.dtype.torch, resolve_device(cfg.device))
     text_only(cfg, config)
     adapter = adapter_for(config.model_type)  # one line naming the supported ones
     if "analytic" in methods:

@@ -21,7 +21,7 @@ from experiments.core.errors import UserError
 from experiments.core.gpu_rates import compile_missing
 from experiments.core.progress import progress
 from experiments.core.results import RunContext
-from experiments.core.runtime import launched_elsewhere, resolve_device, resolve_dtype
+from experiments.core.runtime import launched_elsewhere, resolve_device
 from experiments.core.validation import require_positive
 from experiments.data.cache import cache_root
 from experiments.data.corpus import SOURCES, prepare, prepared_folder
@@ -73,7 +73,7 @@ def settings(cfg: GptWqConfig, variant_name: str, device_type: str = "cpu") -> T
 
 def amp_dtype(cfg: GptWqConfig) -> torch.dtype | None:
     """dtype=bfloat16: bf16 autocast over float32 weights (the paper's mixed precision); float32: none."""
-    return torch.bfloat16 if resolve_dtype(cfg.dtype) == torch.bfloat16 else None
+    return torch.bfloat16 if cfg.dtype.torch == torch.bfloat16 else None
 
 
 def data_key(cfg: GptWqConfig) -> str:
@@ -242,7 +242,7 @@ def require_cuda(cfg: GptWqConfig, cuda: bool) -> None:
 
 
 def validate(cfg: GptWqConfig) -> None:
-    if resolve_dtype(cfg.dtype) not in (torch.float32, torch.bfloat16):
+    if cfg.dtype.torch not in (torch.float32, torch.bfloat16):
         raise UserError(f"gpt_wq trains in dtype=float32 or dtype=bfloat16 (autocast over float32 weights, the "
                         f"paper's), not dtype={cfg.dtype}: float16 would need loss scaling")
     require_positive(cfg, "model.n_layer", "model.n_head", "model.d_model", "model.block_size", "model.vocab_size",
