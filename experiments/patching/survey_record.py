@@ -30,6 +30,22 @@ STATUS_LABEL = {"adapter file": "by an adapter file",
                 "not checked": "not checked (no tiny model, or over the limit)"}
 
 
+# why a family is refused, by the words of its line (arch/structure.py, arch/check.py): the page's second table
+REASONS = (("different MLPs", "dense and sparse MLPs in different layers (the engine holds one adapter per model)"),
+           ("candidates for the mixer", "more than one candidate for the mixer (modules that mix positions)"),
+           ("candidates for the MLP", "more than one candidate for the MLP (weighted paths that do not mix positions)"),
+           ("does not describe", "the float64 check on a tiny model fails (its line: the step that fails)"),
+           ("no MLP after", "no MLP after the mixer"),
+           ("no list of decoder layers", "no decoder list, no output rule, or no form the tree names"),
+           ("has no matrices reading z", "no decoder list, no output rule, or no form the tree names"),
+           ("no form of Table 1 fits", "no decoder list, no output rule, or no form the tree names"))
+OTHER = "another reason (its line)"
+
+
+def reason(detail: str) -> str:
+    return next((label for words, label in REASONS if words in detail), OTHER)
+
+
 def write(out: Path, rows, *, wall_s: float, computed: int, complete: bool) -> list[Path]:
     """DIR/survey.csv and DIR/survey.json from the survey's rows (FamilyStatus), each written atomically."""
     import transformers
@@ -72,6 +88,14 @@ def page_table(folders: list[Path]) -> str:
             lines.append(f"| {STATUS_LABEL.get(status, status)} | {int(counts[status])} |")
     asked = "" if record.get("complete") else " (those asked)"
     lines.append(f"| every causal-LM type it knows{asked} | {len(frame)} |")
+    refused = frame[frame["status"] == "refused"]
+    if len(refused):
+        why = refused.assign(reason=refused["detail"].map(reason)).groupby("reason", sort=False)["model_type"]
+        order = list(dict.fromkeys([label for _, label in REASONS] + [OTHER]))
+        lines += ["", "| refused: why | families | `model_type` |", "|---|---|---|"]
+        for label in sorted(why.groups, key=order.index):
+            types = sorted(why.get_group(label))
+            lines.append(f"| {label} | {len(types)} | {', '.join(f'`{t}`' for t in types)} |")
     commit = str((record.get("git") or {}).get("commit") or "?")[:7]
     cpu = (record.get("host") or {}).get("cpu") or "?"
     cores = (record.get("host") or {}).get("cores")

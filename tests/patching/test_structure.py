@@ -286,6 +286,7 @@ def test_icl_exp_models_out_keeps_the_table_and_its_record_and_the_page_counts_a
     page = page_table([out])
     assert "| by an adapter file | 1 |" in page and "| refused (the line says why) | 1 |" in page
     assert "(those asked) | 2 |" in page
+    assert "| no MLP after the mixer | 1 | `mamba` |" in page  # why each refused family is refused
     assert "`models/survey.csv` is not a run" in manifest_text(tmp_path / "results", [])
     again = icl("models", "llama", "mamba", "--out", str(out))  # from the cache: the record says so
     assert again.returncode == 0 and json.loads((out / "survey.json").read_text())["computed"] == 0
