@@ -223,11 +223,14 @@ def _survey_lines(root: Path) -> list[str]:
         return []
     record = json.loads(record_file.read_text())
     commit = str((record.get("git") or {}).get("commit") or "?")[:7]
-    return ["", f"`{SURVEY_DIR}/{TABLE}` is not a run: the family survey, `icl-exp models --refresh --out "
-                f"results/{SURVEY_DIR}` (every causal-LM family of transformers {record.get('transformers', '?')}: "
-                f"{record.get('families', '?')}), commit {commit}, {str(record.get('date', ''))[:10]}, "
-                f"{_machine(record)}, {_wall(float(record.get('wall_time_s') or 0))}; its record is "
-                f"`{SURVEY_DIR}/{RECORD}`."]
+    families, computed = record.get("families", "?"), record.get("computed", 0)
+    how = (_wall(float(record.get("wall_time_s") or 0)) if computed == families
+           else f"{computed} of its {families} answers computed, the others read from the survey's cache")
+    return ["", f"`{SURVEY_DIR}/{TABLE}` is not a run: the family survey (made again by "
+                f"`icl-exp models --refresh --out results/{SURVEY_DIR}`; every causal-LM family of transformers "
+                f"{record.get('transformers', '?')}: "
+                f"{families}), commit {commit}, {str(record.get('date', ''))[:10]}, {_machine(record)}, {how}; "
+                f"its record is `{SURVEY_DIR}/{RECORD}`."]
 
 
 def write_manifest(root: Path, units: list[Unit]) -> Path:
