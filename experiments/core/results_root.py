@@ -38,6 +38,7 @@ SIZE_BUDGET_BYTES = 25 * 1024 * 1024
 CHECKPOINT_FILES = frozenset({"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                               "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "vocab.json",
                               "merges.txt", "tokenizer.model", "model.safetensors.index.json"})
+SURVEY_DIR = "models"  # the family survey kept beside the runs (not a run: patching/survey_record.py)
 GZIP_ABOVE_BYTES = 64 * 1024  # a metrics table or samples file larger than this is kept gzipped
 
 
@@ -209,7 +210,27 @@ def manifest_text(root: Path, units: list[Unit]) -> str:
                  ", ".join(commits) + (" (+ local changes)" if dirty else ""), str(first.get("start", ""))[:10],
                  _machine(first), _wall(wall), _claims(unit)]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _survey_lines(Path(root))) + "\n"
+
+
+def _survey_lines(root: Path) -> list[str]:
+    """The family survey kept beside the runs (results/models: `icl-exp models --refresh --out results/models`,
+    patching/survey_record.py), which docs/models.md's counts are written from; none when it is not there."""
+    from experiments.patching.survey_record import RECORD, TABLE
+
+    record_file = root / SURVEY_DIR / RECORD
+    if not record_file.is_file():
+        return []
+    record = json.loads(record_file.read_text())
+    commit = str((record.get("git") or {}).get("commit") or "?")[:7]
+    families, computed = record.get("families", "?"), record.get("computed", 0)
+    how = (_wall(float(record.get("wall_time_s") or 0)) if computed == families
+           else f"{computed} of its {families} answers computed, the others read from the survey's cache")
+    return ["", f"`{SURVEY_DIR}/{TABLE}` is not a run: the family survey (made again by "
+                f"`icl-exp models --refresh --out results/{SURVEY_DIR}`; every causal-LM family of transformers "
+                f"{record.get('transformers', '?')}: "
+                f"{families}), commit {commit}, {str(record.get('date', ''))[:10]}, {_machine(record)}, {how}; "
+                f"its record is `{SURVEY_DIR}/{RECORD}`."]
 
 
 def write_manifest(root: Path, units: list[Unit]) -> Path:

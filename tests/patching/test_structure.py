@@ -262,6 +262,37 @@ def test_icl_exp_models_lists_families_with_their_status_and_caches_them(icl, tm
                                                           "installed transformers; did you mean 'olmo'?")
 
 
+def test_icl_exp_models_out_keeps_the_table_and_its_record_and_the_page_counts_are_written_from_them(icl, tmp_path,
+                                                                                                  monkeypatch):
+    """`icl-exp models --out DIR` (how results/models is kept): the printed table as survey.csv, where it came from as
+    survey.json; docs/models.md's counts and results/README.md's line are written from them."""
+    import json
+
+    import pandas as pd
+
+    from experiments.core.results_root import manifest_text
+    from experiments.patching.survey_record import page_table
+
+    monkeypatch.setenv("ICL_EXP_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "results" / "models"
+    r = icl("models", "llama", "mamba", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    table = pd.read_csv(out / "survey.csv")
+    assert table["model_type"].tolist() == ["llama", "mamba"]
+    assert table["status"].tolist() == ["adapter file", "refused"]
+    record = json.loads((out / "survey.json").read_text())
+    assert record["families"] == 2 and record["computed"] == 2 and record["complete"] is False
+    assert record["transformers"] and record["host"]["cores"] and record["wall_time_s"] >= 0
+    page = page_table([out])
+    assert "| by an adapter file | 1 |" in page and "| refused (the line says why) | 1 |" in page
+    assert "(those asked) | 2 |" in page
+    assert "| no MLP after the mixer | 1 | `mamba` |" in page  # why each refused family is refused
+    assert "`models/survey.csv` is not a run" in manifest_text(tmp_path / "results", [])
+    again = icl("models", "llama", "mamba", "--out", str(out))  # from the cache: the record says so
+    assert again.returncode == 0 and json.loads((out / "survey.json").read_text())["computed"] == 0
+    assert "0 of 2 answers computed" in page_table([out])
+
+
 def test_the_experts_biases_fit_k_positions_exactly_up_to_the_number_of_experts():
     """The fixed patch's version of the same rule: A Δb = R (A: each position's gates over the E experts) is
     exact for k ≤ E positions with independent gate rows; past E it is least squares (the control)."""

@@ -104,6 +104,17 @@ def write_summary(run_dir: Path) -> Path:
     return path
 
 
+def page_table(folders: list[Path]) -> str:
+    """docs/system_compile.md's table of a committed run (report/quoted.py's `table:` marker), from its
+    metrics.csv alone: the per-behaviour table of its summary.md, without the pooled lines."""
+    from experiments.core.errors import UserError
+    from experiments.core.results import read_metrics
+
+    if len(folders) != 1:
+        raise UserError(f"the system_compile table reads one run, not {len(folders)}")
+    return markdown(summary_table(read_metrics(Path(folders[0]))))
+
+
 if __name__ == "__main__":  # a finished run's table again: python -m experiments.goldwaser.system_compile.table DIR
     import sys
 
