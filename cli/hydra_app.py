@@ -70,10 +70,15 @@ def main(cfg: DictConfig) -> dict:
     try:
         if _state["check"] and not sweeping:
             from cli.check_job import check_in_job
+            from experiments.zoo.loading import checks_kept
 
-            check_in_job(HydraConfig.get().runtime.choices["experiment"], cfg)
-        _state["began"] = True
-        run_from_hydra(cfg)
+            with checks_kept():  # the model's check, made once here, is the load's (zoo/loading.py)
+                check_in_job(HydraConfig.get().runtime.choices["experiment"], cfg)
+                _state["began"] = True
+                run_from_hydra(cfg)
+        else:
+            _state["began"] = True
+            run_from_hydra(cfg)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: run.json already says interrupted; one line
         if not job_began():  # during the checks: the CLI's line for a run that had not begun, no folder kept
             raise

@@ -1,6 +1,5 @@
-"""One check, one load: a job's model config is resolved once, however many of its steps ask for it (the job's
-check, the loader; the load takes the check's answer instead of checking again), and a local folder never probes
-the hub."""
+"""One resolution: a model's config is resolved once, however many steps ask for it (a check, the load's own check
+outside a job's scope, the loader), and a local folder never probes the hub."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ def test_a_job_resolves_its_models_config_once_and_a_folder_probes_no_hub(tmp_pa
     validate("patch_match", [*overrides, "preset=smoke", "device=cpu"], multirun=False)
     run_claims("patch_match", tmp_path / "run", *overrides)
     after = real_resolve.cache_info()
-    assert asked.count(folder) >= 2  # the check (validate), the loader's from_pretrained
+    assert asked.count(folder) >= 3  # validate's check, the load's (no job here: zoo/loading.checks_kept), the loader
     assert after.misses - before.misses == 1  # ... and one resolution among them
     assert not probes
 
