@@ -38,7 +38,8 @@ SIZE_BUDGET_BYTES = 25 * 1024 * 1024
 CHECKPOINT_FILES = frozenset({"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                               "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "vocab.json",
                               "merges.txt", "tokenizer.model", "model.safetensors.index.json"})
-SURVEY_DIR = "models"  # the family survey kept beside the runs (not a run: patching/survey_record.py)
+SURVEY_DIR = "models"  # the family survey kept beside the runs (not a run: patching/survey_record.py writes it)
+SURVEY_TABLE, SURVEY_RECORD = "survey.csv", "survey.json"  # its table and where it came from
 GZIP_ABOVE_BYTES = 64 * 1024  # a metrics table or samples file larger than this is kept gzipped
 
 
@@ -216,9 +217,7 @@ def manifest_text(root: Path, units: list[Unit]) -> str:
 def _survey_lines(root: Path) -> list[str]:
     """The family survey kept beside the runs (results/models: `icl-exp models --refresh --out results/models`,
     patching/survey_record.py), which docs/models.md's counts are written from; none when it is not there."""
-    from experiments.patching.survey_record import RECORD, TABLE
-
-    record_file = root / SURVEY_DIR / RECORD
+    record_file = root / SURVEY_DIR / SURVEY_RECORD
     if not record_file.is_file():
         return []
     record = json.loads(record_file.read_text())
@@ -226,11 +225,11 @@ def _survey_lines(root: Path) -> list[str]:
     families, computed = record.get("families", "?"), record.get("computed", 0)
     how = (_wall(float(record.get("wall_time_s") or 0)) if computed == families
            else f"{computed} of its {families} answers computed, the others read from the survey's cache")
-    return ["", f"`{SURVEY_DIR}/{TABLE}` is not a run: the family survey (made again by "
+    return ["", f"`{SURVEY_DIR}/{SURVEY_TABLE}` is not a run: the family survey (made again by "
                 f"`icl-exp models --refresh --out results/{SURVEY_DIR}`; every causal-LM family of transformers "
                 f"{record.get('transformers', '?')}: "
                 f"{families}), commit {commit}, {str(record.get('date', ''))[:10]}, {_machine(record)}, {how}; "
-                f"its record is `{SURVEY_DIR}/{RECORD}`."]
+                f"its record is `{SURVEY_DIR}/{SURVEY_RECORD}`."]
 
 
 def write_manifest(root: Path, units: list[Unit]) -> Path:

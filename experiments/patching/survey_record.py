@@ -21,8 +21,9 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.core.errors import UserError
+from experiments.core.results_root import SURVEY_RECORD, SURVEY_TABLE
 
-TABLE, RECORD = "survey.csv", "survey.json"
+TABLE, RECORD = SURVEY_TABLE, SURVEY_RECORD  # core/results_root.py names them (it lists results/ without patching)
 STATUSES = ("adapter file", "module tree", "refused", "not checked")  # arch/survey.py's, in the page's order
 STATUS_LABEL = {"adapter file": "by an adapter file",
                 "module tree": "by their module tree (the check chose the form)",

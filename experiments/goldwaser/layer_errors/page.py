@@ -12,9 +12,11 @@ import numpy as np
 import pandas as pd
 
 from experiments.core.errors import UserError
+from experiments.goldwaser.schema import PatchVariant
 
-COLUMNS = (("naive", "float32"), ("naive", "float64"), ("closed_loop", "float32"))
-GAIN = ("naive", "float64")
+# Algorithm 1 (the open loop) in both dtypes and the closed loop in float32; the gain of the float64 open loop
+COLUMNS = ((PatchVariant.naive, "float32"), (PatchVariant.naive, "float64"), (PatchVariant.closed_loop, "float32"))
+GAIN = (PatchVariant.naive, "float64")
 
 
 def _metrics(folders: list[Path]) -> pd.DataFrame:
