@@ -210,7 +210,14 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
                     timed(tokens + 1)  # CUDA graphs of reduce-overhead are recorded on a second call
                     timed(1)
                 held = meter.reset_peak()  # the peak of generating, not of compiling
+            from torch._dynamo.utils import counters
+
+            warm = counters["stats"]["unique_graphs"]
             times = [(timed(tokens + 1) - timed(1)) / tokens for _ in range(REPEATS)]
+            if stock == "compiled":  # that it compiled, and not again while timed: dynamo's own counts
+                parts = {"graphs": counters["stats"]["unique_graphs"], "graph_breaks":
+                         sum(counters["graph_break"].values()), "graphs_while_timed": counters["stats"]["unique_graphs"]
+                         - warm}
         else:  # the per-token timers of generate.py synchronize CUDA themselves
             patcher = Patcher(bundle.model, variant, apply)
             if mode == "patched":
@@ -322,6 +329,10 @@ def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
     print(f"time ×stock: against stock {base['stock']} generate, the fastest stock row; peak ×stock: against stock "
           f"{held['stock']}")
     for r in rows:
+        if "graphs" in r:
+            print(f"stock compiled ({compile_mode(args.device) if args.compile_mode is None else args.compile_mode}): "
+                  f"{r['graphs']} graph(s) compiled, {r['graphs_while_timed']} of them while timed, "
+                  f"{r['graph_breaks']} graph break(s) (torch._dynamo's counters)")
         if r.get("mode") != "generate" and "error" not in r:
             print(f"{r['mode']} {r['variant']} {r.get('apply')}: with-context step {r['context_ms']:.1f} ms + patches "
                   f"and patched forward {r['patch_ms']:.1f} ms (medians)")
