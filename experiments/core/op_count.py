@@ -4,10 +4,13 @@
 (a `TorchDispatchMode`, so an operation is counted as it runs, after autograd and after composite operations
 such as `linear` or `matmul` are taken apart into what runs: `linear` is `t` + `mm` or `addmm`), views
 excluded (`OpOverload.is_view`: `view`, `t`, `select`, `detach`, slicing; they move no data and launch
-nothing). Host reads are counted apart: every `aten._local_scalar_dense` (what `.item()`, `int()`,
-`float()`, `bool()` of a tensor dispatch; on a GPU each one waits for the queue) and every `Tensor.tolist()`
-(which reads the tensor's memory without dispatching an operation, so a `TorchFunctionMode` sees it). A
-host read through `_local_scalar_dense` is also one of the operations.
+nothing), and so is `aten._unsafe_view`, the view a composite `matmul` or `linear` of a batch ends with
+(torch does not mark it as aliasing, for autograd's sake, but it is a view of the product: a 3-d `linear`
+is `mm` and `_unsafe_view`, one operation here). Host reads are counted apart: every
+`aten._local_scalar_dense` (what `.item()`, `int()`, `float()`, `bool()` of a tensor dispatch; on a GPU
+each one waits for the queue) and every `Tensor.tolist()` (which reads the tensor's memory without
+dispatching an operation, so a `TorchFunctionMode` sees it). A host read through `_local_scalar_dense` is
+also one of the operations.
 
 It measures code, not time: the counts do not depend on the machine. It is for the per-token budgets of
 issue 54 (benchmarks/patch_bench.py `--ops`, and a step's tests: 0 host reads per token once warmed).
@@ -26,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SCALAR_READ = "aten._local_scalar_dense"  # .item(), int(), float(), bool() of a tensor
+UNMARKED_VIEWS = frozenset({"aten._unsafe_view"})  # views that OpOverload.is_view does not mark
 LIST_READ = "Tensor.tolist"
 
 
@@ -53,8 +57,8 @@ class _Dispatched(TorchDispatchMode):
         self.count = count
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
-            name = func.overloadpacket._qualified_op_name.replace("::", ".")
+        name = func.overloadpacket._qualified_op_name.replace("::", ".")
+        if not func.is_view and name not in UNMARKED_VIEWS:
             self.count.ops += 1
             self.count.by_op[name] += 1
             if name == SCALAR_READ:

@@ -35,6 +35,15 @@ def test_views_and_nothing_are_zero():
     assert count == OpCount()
 
 
+def test_a_batched_linear_is_one_operation():
+    """A 3-d linear is mm and the product's _unsafe_view: a view torch does not mark, counted as none."""
+    x, w = torch.randn(2, 3, 4), torch.randn(5, 4)
+    with torch.no_grad(), count_ops() as count:
+        torch.nn.functional.linear(x, w)
+        torch.matmul(x, w.t())
+    assert dict(count.by_op) == {"aten.mm": 2} and count.ops == 2
+
+
 def test_nested_counters_both_count_and_subtract():
     x = torch.randn(8)
     with count_ops() as outer:
