@@ -218,6 +218,8 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
                 parts = {"graphs": counters["stats"]["unique_graphs"], "graph_breaks":
                          sum(counters["graph_break"].values()), "graphs_while_timed": counters["stats"]["unique_graphs"]
                          - warm}
+                torch._dynamo.reset()  # on CUDA the next rows share this process: no compiled step (nor its
+                bundle.model.__dict__.pop("_compiled_call", None)  # CUDA graphs' memory) is left to them
         else:  # the per-token timers of generate.py synchronize CUDA themselves
             patcher = Patcher(bundle.model, variant, apply)
             if mode == "patched":
