@@ -4,7 +4,8 @@ Qwen2.5-Coder 0.5B, and the real 1B shapes with random weights.
     python benchmarks/patch_bench.py [--model gemma-3-270m|qwen2.5-0.5b|gemma3-1b-random|llama3.2-1b-random]
                                      [--variant closed_loop[,stable,...]] [--dtype float32] [--tokens 8]
                                      [--device cpu|cuda[:K]] [--modes generate,patched,compare] [--json OUT]
-                                     [--apply materialized[,action]]
+                                     [--apply materialized[,action]] [--stock eager[,static,compiled]]
+                                     [--compile-mode MODE] [--ops]
 
 Targets: gemma-3-270m and qwen2.5-0.5b (the same, beside it) patched generation ≤ 1.8× stock `generate`'s
 time per token and ≤ 1.2× its peak memory; the 1B shapes ≤ 3× and ≤ 1.5×.
@@ -22,7 +23,20 @@ CUDA context are not counted). Modes, time per token (the prefill not counted):
   patched tensors (`witness_ms`, outside the patched time) beside one forward of the query alone
   (`query_forward_ms`): the witness may cost one such forward a token (patching/witness.py).
 `--apply`: how a matrix's rank-1 patch reaches the forward (patcher.py): materialized (W + ΔW rounded, written)
-and/or action (W untouched, c (vᵀz) added to the module's output; the open loop only). Prints a table; not a test.
+and/or action (W untouched, c (vᵀz) added to the module's output; the open loop only).
+`--stock`: which stock `generate` rows (default eager,compiled): eager (transformers' dynamic KV cache, as
+before), static (transformers' own static KV cache, `cache_implementation="static"`, not compiled), compiled
+(the static cache and transformers' own compiled decoding step: `compile_config=CompileConfig(mode=...)`,
+torch.compile of the forward, `mode="reduce-overhead"` on CUDA, where CUDA graphs apply, the default mode on
+the CPU). A static or compiled row is warmed up on both lengths it is timed at (compilation not timed) and its
+peak memory starts after the warm-up. Time ratios are taken against the fastest stock row (the table says
+which), peak memory against stock eager (a compiled row's process also holds the compiler's state).
+Where torch.compile cannot run (no C compiler, no Triton on CUDA), one line says so and the compiled row is
+skipped.
+`--ops`: instead of timing, count per generated token the PyTorch operations (ATen, views excluded) and the
+host reads (`.item()`, `int()`, `bool()`, `.tolist()` of a tensor) of the stock step (eager and static cache)
+and of patched generation for each variant and apply, split into the with-context step and the patches with
+the patched forward (experiments/core/op_count.py; one process, no timing). Prints a table; not a test.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ import time
 from pathlib import Path
 
 MODES = ("generate", "patched", "compare")
+STOCK = ("eager", "static", "compiled")  # the stock `generate` rows (--stock)
 # model -> (time ×stock, peak memory ×stock); others: DEFAULT_TARGET
 TARGETS = {"gemma-3-270m": (1.8, 1.2), "qwen2.5-0.5b": (1.8, 1.2)}
 DEFAULT_TARGET = (3.0, 1.5)
@@ -125,7 +140,51 @@ def load(model_name: str, dtype_name: str, device: str, threads: int):
     return bundle, inputs
 
 
-def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, apply: str = "materialized") -> dict:
+def compile_mode(device) -> str:
+    """torch.compile's mode for the compiled stock row: CUDA graphs where they apply (CUDA), else the default."""
+    import torch
+
+    return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+
+
+def stock_kwargs(stock: str, device, mode: str | None = None) -> dict:
+    """`generate`'s arguments for a stock row: transformers' own static cache and, for `compiled`, its own
+    compiled decoding step (`CompileConfig`; on the CPU transformers compiles only when told to, through the
+    config's `_compile_all_devices`). `static` turns transformers' automatic compilation off (on CUDA a static
+    cache alone would compile)."""
+    if stock not in STOCK:
+        raise ValueError(f"stock={stock!r} is not one of {', '.join(STOCK)}")
+    if stock == "eager":
+        return {}
+    if stock == "static":
+        return {"cache_implementation": "static", "disable_compile": True}
+    import torch
+    from transformers import CompileConfig
+
+    config = CompileConfig(mode=mode or compile_mode(device))
+    if torch.device(device).type != "cuda":
+        config._compile_all_devices = True  # transformers' switch for compiling on a CPU
+    return {"cache_implementation": "static", "compile_config": config}
+
+
+def compile_unavailable(device) -> str | None:
+    """Why torch.compile cannot run on `device` here (no C compiler, no Triton, ...), or None where it can:
+    a two-operation function compiled and run once."""
+    try:
+        import torch
+
+        dev = bench_device(str(device))
+        torch._dynamo.reset()
+        torch.compile(lambda x: x * 2 + 1)(torch.ones(4, device=dev))
+        torch._dynamo.reset()
+    except Exception as err:  # whatever stops compilation: the reason, on one line
+        lines = str(err).strip().splitlines()
+        return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+    return None
+
+
+def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, apply: str = "materialized",
+            stock: str = "eager", compile_as: str | None = None) -> dict:
     import torch
 
     from experiments.patching.generate import compare_generation, patched_generate
@@ -136,14 +195,31 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
     parts: dict = {}
     with torch.no_grad():
         if mode == "generate":
+            extra = stock_kwargs(stock, meter.device, compile_as)
+
             def timed(n: int) -> float:
                 t0 = meter.now()
                 bundle.model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                      pad_token_id=0)
+                                      pad_token_id=0, **extra)
                 return 1000 * (meter.now() - t0)
 
-            timed(1)  # warm-up
+            if stock == "eager":
+                timed(1)  # warm-up
+            else:  # the longer first: transformers keeps the static cache's length at the longest asked for,
+                for _ in range(2):  # so both lengths share one cache shape (one compiled graph); twice: the
+                    timed(tokens + 1)  # CUDA graphs of reduce-overhead are recorded on a second call
+                    timed(1)
+                held = meter.reset_peak()  # the peak of generating, not of compiling
+            from torch._dynamo.utils import counters
+
+            warm = counters["stats"]["unique_graphs"]
             times = [(timed(tokens + 1) - timed(1)) / tokens for _ in range(REPEATS)]
+            if stock == "compiled":  # that it compiled, and not again while timed: dynamo's own counts
+                parts = {"graphs": counters["stats"]["unique_graphs"], "graph_breaks":
+                         sum(counters["graph_break"].values()), "graphs_while_timed": counters["stats"]["unique_graphs"]
+                         - warm}
+                torch._dynamo.reset()  # on CUDA the next rows share this process: no compiled step (nor its
+                bundle.model.__dict__.pop("_compiled_call", None)  # CUDA graphs' memory) is left to them
         else:  # the per-token timers of generate.py synchronize CUDA themselves
             patcher = Patcher(bundle.model, variant, apply)
             if mode == "patched":
@@ -164,14 +240,34 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
                     forwards.append(1000 * (meter.now() - t0))
                 parts.update(witness_ms=median([st.witness_ms for st in steps]), query_forward_ms=median(forwards))
     return {"mode": mode, "variant": None if mode == "generate" else variant,
-            "apply": None if mode == "generate" else apply, "ms_per_token": median(times),
+            "apply": None if mode == "generate" else apply, "stock": stock if mode == "generate" else None,
+            "ms_per_token": median(times),
             "mean_ms": sum(times) / len(times), **parts, "peak_mb": meter.peak_mb(), "after_load_mb": held,
             "threads": torch.get_num_threads(), "device": str(meter.device)}
 
 
-def cases(mode: str, variants: list[str], applies: list[str]) -> list[tuple[str, str]]:
-    """The (variant, apply) pairs a mode is measured for: stock `generate` once."""
-    return [(variants[0], applies[0])] if mode == "generate" else [(v, a) for v in variants for a in applies]
+def cases(mode: str, variants: list[str], applies: list[str], stocks: list[str]) -> list[tuple[str, str, str]]:
+    """The (variant, apply, stock) a mode is measured for: stock `generate` once per stock row."""
+    if mode == "generate":
+        return [(variants[0], applies[0], s) for s in stocks]
+    return [(v, a, "eager") for v in variants for a in applies]
+
+
+def stocks(args: argparse.Namespace) -> list[str]:
+    return getattr(args, "stock", "eager").split(",")
+
+
+def baseline(rows: list[dict]) -> dict | None:
+    """The row every time ratio is taken against: the fastest stock `generate` row that ran."""
+    stock = [r for r in rows if r.get("mode") == "generate" and "error" not in r]
+    return min(stock, key=lambda r: r["ms_per_token"]) if stock else None
+
+
+def memory_baseline(rows: list[dict]) -> dict | None:
+    """The row every peak-memory ratio is taken against: stock eager `generate` where it ran (a compiled row's
+    process also holds the compiler's own state, which is not generation's memory), else the fastest."""
+    eager = [r for r in rows if r.get("mode") == "generate" and r.get("stock") == "eager" and "error" not in r]
+    return eager[0] if eager else baseline(rows)
 
 
 def one_process(args: argparse.Namespace, modes: list[str], variants: list[str]) -> list[dict]:
@@ -181,11 +277,13 @@ def one_process(args: argparse.Namespace, modes: list[str], variants: list[str])
     meter = Meter(args.device)
     rows = []
     for mode in modes:
-        for variant, apply in cases(mode, variants, args.apply.split(",")):
+        for variant, apply, stock in cases(mode, variants, args.apply.split(","), stocks(args)):
             try:
-                rows.append(measure(mode, bundle, inputs, args.tokens, variant, meter, apply))
+                rows.append(measure(mode, bundle, inputs, args.tokens, variant, meter, apply, stock,
+                                    getattr(args, "compile_mode", None)))
             except Exception as err:  # one variant that fails (or runs out of memory) leaves the others
-                rows.append({"mode": mode, "variant": variant, "apply": apply,
+                rows.append({"mode": mode, "variant": None if mode == "generate" else variant, "apply": apply,
+                             "stock": stock if mode == "generate" else None,
                              "error": f"{type(err).__name__}: {err}"})
     return rows
 
@@ -196,31 +294,48 @@ def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> 
     root = Path(__file__).resolve().parents[1]
     rows = []
     for mode in modes:
-        for variant, apply in cases(mode, variants, args.apply.split(",")):
+        for variant, apply, stock in cases(mode, variants, args.apply.split(","), stocks(args)):
             cmd = [sys.executable, __file__, "--mode", mode, "--model", args.model, "--dtype", args.dtype,
                    "--variant", variant, "--apply", apply, "--tokens", str(args.tokens),
-                   "--threads", str(args.threads)]
+                   "--threads", str(args.threads), "--stock", stock]
+            if args.compile_mode:
+                cmd += ["--compile-mode", args.compile_mode]
             res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
             rows.extend(json.loads(res.stdout.strip().splitlines()[-1]))
     return rows
 
 
+def label(r: dict) -> str:
+    """A row's variant column: the stock row's kind (eager, static, compiled), else the variant."""
+    return f"stock {r['stock']}" if r.get("mode") == "generate" else (r.get("variant") or "")
+
+
 def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
-    plain = rows[0]
+    base, held = baseline(rows), memory_baseline(rows)
+    if base is None:
+        print("no stock generate row ran: no ratio")
+        base = held = {"ms_per_token": float("nan"), "peak_mb": float("nan"), "stock": None}
     memory = "peak MB (max_memory_allocated)" if args.device.startswith("cuda") else "peak RSS MB"
-    print(f"{args.model} {args.dtype} on {args.device}, {args.tokens} tokens, {plain.get('threads')} torch threads")
+    threads = next((r["threads"] for r in rows if "threads" in r), None)
+    print(f"{args.model} {args.dtype} on {args.device}, {args.tokens} tokens, {threads} torch threads")
     print(f"{'mode':<10}{'variant':<20}{'apply':<14}{'ms/token (median)':>20}{'mean ms':>10}{'after load MB':>15}"
           f"{memory:>32}{'time ×stock':>13}{'peak ×stock':>13}")
     for r in rows:
         if "error" in r:
-            print(f"{r['mode']:<10}{r['variant'] or '':<20}{r.get('apply') or '':<14}  {r['error']}")
+            print(f"{r['mode']:<10}{label(r):<20}{r.get('apply') or '':<14}  {r['error']}")
             continue
-        print(f"{r['mode']:<10}{r['variant'] or '':<20}{r.get('apply') or '':<14}"
+        print(f"{r['mode']:<10}{label(r):<20}{r.get('apply') or '':<14}"
               f"{r['ms_per_token']:>20.1f}{r['mean_ms']:>10.1f}{r['after_load_mb']:>15.0f}{r['peak_mb']:>32.0f}"
-              f"{r['ms_per_token'] / plain['ms_per_token']:>13.2f}"
-              f"{r['peak_mb'] / plain['peak_mb']:>13.2f}")
-    for r in rows[1:]:
-        if "error" not in r:
+              f"{r['ms_per_token'] / base['ms_per_token']:>13.2f}"
+              f"{r['peak_mb'] / held['peak_mb']:>13.2f}")
+    print(f"time ×stock: against stock {base['stock']} generate, the fastest stock row; peak ×stock: against stock "
+          f"{held['stock']}")
+    for r in rows:
+        if "graphs" in r:
+            print(f"stock compiled ({compile_mode(args.device) if args.compile_mode is None else args.compile_mode}): "
+                  f"{r['graphs']} graph(s) compiled, {r['graphs_while_timed']} of them while timed, "
+                  f"{r['graph_breaks']} graph break(s) (torch._dynamo's counters)")
+        if r.get("mode") != "generate" and "error" not in r:
             print(f"{r['mode']} {r['variant']} {r.get('apply')}: with-context step {r['context_ms']:.1f} ms + patches "
                   f"and patched forward {r['patch_ms']:.1f} ms (medians)")
             if "witness_ms" in r:
@@ -229,6 +344,97 @@ def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
                       f"({r['query_forward_ms']:.1f} ms); not in the patched time")
     time_x, memory_x = TARGETS.get(args.model, DEFAULT_TARGET)
     print(f"targets: patched time ≤ {time_x}× stock generate, peak memory ≤ {memory_x}×")
+
+
+# -- --ops: operations and host reads per token ----------------------------------------------------------
+def count_stock(bundle, inputs, tokens: int, stock: str) -> dict:
+    """Stock `generate`'s operations and host reads per token, as its time is taken: (count(N + 1) − count(1)) / N,
+    after a warm-up. Only what runs eagerly can be counted (`eager`, `static`): a compiled step's operations
+    are fused kernels the dispatcher does not see one by one."""
+    import torch
+
+    from experiments.core.op_count import count_ops
+
+    extra = stock_kwargs(stock, bundle.model.device)
+
+    def counted(n: int):
+        with torch.no_grad(), count_ops() as count:
+            bundle.model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                                  **extra)
+        return count
+
+    counted(tokens + 1)  # warm-up (and the static cache's longest length)
+    diff = counted(tokens + 1) - counted(1)
+    return {"what": "stock", "variant": f"stock {stock}", "apply": None, "ops_per_token": diff.ops / tokens,
+            "host_reads_per_token": diff.host_reads / tokens, "by_op": dict(diff.by_op.most_common(12))}
+
+
+def count_patched(bundle, inputs, tokens: int, variant: str, apply: str) -> dict:
+    """Patched generation's (`generate.patched_generate`) operations and host reads per token, the first token
+    (the prefill and the first call's caches) not counted, as it is not timed; split into the with-context step
+    (`Patcher.context_step`, counted around each of its calls) and the rest: the patches, the patched forward
+    and the argmax read back."""
+    from experiments.core.op_count import count_ops, per_token
+    from experiments.patching.generate import patched_generate
+    from experiments.patching.patcher import Patcher
+
+    patcher = Patcher(bundle.model, variant, apply)
+    context, step = [], patcher.context_step
+
+    def counted_context(*args, **kwargs):
+        with count_ops() as count:
+            out = step(*args, **kwargs)
+        context.append(count)
+        return out
+
+    patcher.context_step = counted_context
+    tokens_run = patched_generate(patcher, inputs, tokens + 1)
+    totals = []
+    for _ in range(tokens + 1):
+        with count_ops() as count:
+            next(tokens_run)
+        totals.append(count)
+    ops, reads = per_token(totals[1:])
+    context_ops, context_reads = per_token(context[1:])
+    rest = sum(totals[1:], start=type(totals[0])()) - sum(context[1:], start=type(totals[0])())
+    return {"what": "patched", "variant": variant, "apply": apply, "ops_per_token": ops,
+            "host_reads_per_token": reads, "context_ops": context_ops, "context_host_reads": context_reads,
+            "patch_by_op": dict(rest.by_op.most_common(12))}
+
+
+def count_all(args: argparse.Namespace, variants: list[str]) -> list[dict]:
+    """--ops: the stock rows that run eagerly (a compiled one is counted as its static cache's eager step),
+    then every (variant, apply) of patched generation; one process, one model."""
+    bundle, inputs = load(args.model, args.dtype, args.device, args.threads)
+    kinds = list(dict.fromkeys("static" if s == "compiled" else s for s in stocks(args)))
+    rows = []
+    for kind in kinds:
+        rows.append(count_stock(bundle, inputs, args.tokens, kind))
+    for variant in variants:
+        for apply in args.apply.split(","):
+            try:
+                rows.append(count_patched(bundle, inputs, args.tokens, variant, apply))
+            except Exception as err:
+                rows.append({"what": "patched", "variant": variant, "apply": apply,
+                             "error": f"{type(err).__name__}: {err}"})
+    return rows
+
+
+def print_ops(args: argparse.Namespace, rows: list[dict]) -> None:
+    print(f"{args.model} {args.dtype} on {args.device}: per generated token ({args.tokens} tokens, the first not "
+          f"counted), PyTorch operations (ATen, views excluded) and host reads (.item(), int(), bool(), .tolist())")
+    print(f"{'what':<9}{'variant':<20}{'apply':<14}{'ops/token':>11}{'host reads/token':>18}"
+          f"{'with-context ops':>18}{'its host reads':>16}{'patches+forward ops':>21}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['what']:<9}{r['variant']:<20}{r.get('apply') or '':<14}  {r['error']}")
+            continue
+        line = f"{r['what']:<9}{r['variant']:<20}{r.get('apply') or '':<14}{r['ops_per_token']:>11.1f}" \
+               f"{r['host_reads_per_token']:>18.1f}"
+        if "context_ops" in r:
+            line += f"{r['context_ops']:>18.1f}{r['context_host_reads']:>16.1f}" \
+                    f"{r['ops_per_token'] - r['context_ops']:>21.1f}"
+        print(line)
 
 
 def main() -> None:
@@ -241,6 +447,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:K (synchronized timings, GPU memory)")
     ap.add_argument("--modes", default=",".join(MODES), help="which of generate,patched,compare")
+    ap.add_argument("--stock", default="eager,compiled",
+                    help="the stock generate rows: any of eager,static,compiled (static: transformers' static KV "
+                         "cache; compiled: it and the compiled decoding step)")
+    ap.add_argument("--compile-mode", help="torch.compile's mode for the compiled row (default: reduce-overhead on "
+                                           "CUDA, default on the CPU)")
+    ap.add_argument("--ops", action="store_true",
+                    help="count operations and host reads per token instead of timing (no ratios)")
     ap.add_argument("--json", type=Path, help="also write the rows here (JSON)")
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -255,17 +468,34 @@ def main() -> None:
     modes = a.modes.split(",")
     if modes[0] != "generate" or not set(modes) <= set(MODES):
         sys.exit(f"--modes: generate first, then any of {', '.join(MODES[1:])} (got {a.modes})")
+    kinds = a.stock.split(",")
+    if not kinds or not set(kinds) <= set(STOCK) or len(set(kinds)) != len(kinds):
+        sys.exit(f"--stock: one or more of {', '.join(STOCK)}, each once (got {a.stock})")
     if a.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             sys.exit("--device cuda: no CUDA device (torch.cuda.is_available() is False)")
-    rows = run_all(a, modes, variants)
-    print_table(a, rows)
+    if a.ops:
+        rows = count_all(a, variants)
+        print_ops(a, rows)
+    else:
+        if "compiled" in kinds:
+            why = compile_unavailable(a.device)
+            if why is not None:
+                print(f"stock compiled: skipped, torch.compile cannot run on {a.device} here ({why})")
+                kinds.remove("compiled")
+                if not kinds:
+                    sys.exit("--stock: nothing left to time")
+                a.stock = ",".join(kinds)
+        rows = run_all(a, modes, variants)
+        print_table(a, rows)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
+        base = baseline(rows)
         a.json.write_text(json.dumps({"model": a.model, "dtype": a.dtype, "device": a.device, "tokens": a.tokens,
-                                      "target": TARGETS.get(a.model, DEFAULT_TARGET), "rows": rows}, indent=1))
+                                      "target": TARGETS.get(a.model, DEFAULT_TARGET),
+                                      "stock": base["stock"] if base else None, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

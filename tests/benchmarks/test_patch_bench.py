@@ -48,3 +48,79 @@ def test_a_plain_cuda_device_is_given_its_index_before_set_device(monkeypatch):
     assert patch_bench.bench_device("cuda") == torch.device("cuda", 0)
     assert patch_bench.bench_device("cuda:3") == torch.device("cuda", 3) and current["k"] == 3
     assert patch_bench.bench_device("cpu") == torch.device("cpu")
+
+
+def test_the_static_stock_row_runs_without_compile():
+    """The stock static row (transformers' static KV cache, not compiled) beside the eager one on a tiny model; the
+    time ratios then go to the faster row, peak memory to eager. No timing is asserted (machines differ)."""
+    args = argparse.Namespace(model="tiny-gemma3", dtype="float32", device="cpu", threads=1, tokens=2,
+                              apply="materialized", stock="eager,static")
+    rows = patch_bench.one_process(args, ["generate", "patched"], ["naive"])
+    assert [(r["mode"], r["stock"], r["variant"]) for r in rows] == [("generate", "eager", None),
+                                                                     ("generate", "static", None),
+                                                                     ("patched", None, "naive")]
+    assert all("error" not in r and "ms_per_token" in r for r in rows)
+    assert patch_bench.baseline(rows) is min(rows[:2], key=lambda r: r["ms_per_token"])
+    assert patch_bench.memory_baseline(rows) is rows[0]
+
+
+def test_the_static_row_is_transformers_static_cache_and_the_same_tokens():
+    from transformers import StaticCache
+
+    bundle, inputs = patch_bench.load("tiny-gemma3", "float32", "cpu", 1)
+    common = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "pad_token_id": 0,
+              "return_dict_in_generate": True}
+    with torch.no_grad():
+        eager = bundle.model.generate(**inputs, **common)
+        static = bundle.model.generate(**inputs, **common, **patch_bench.stock_kwargs("static", "cpu"))
+    assert isinstance(static.past_key_values, StaticCache)
+    assert not isinstance(eager.past_key_values, StaticCache)
+    assert torch.equal(static.sequences, eager.sequences)
+
+
+def test_the_compiled_row_asks_transformers_to_compile():
+    cpu = patch_bench.stock_kwargs("compiled", "cpu")
+    assert cpu["cache_implementation"] == "static"
+    assert cpu["compile_config"].mode == "default" and cpu["compile_config"]._compile_all_devices
+    assert patch_bench.stock_kwargs("compiled", "cpu", "max-autotune")["compile_config"].mode == "max-autotune"
+    assert patch_bench.compile_mode("cuda:0") == "reduce-overhead"
+    assert patch_bench.stock_kwargs("static", "cuda:0")["disable_compile"]  # a static cache alone compiles on CUDA
+    assert patch_bench.stock_kwargs("eager", "cpu") == {}
+
+
+def test_without_torch_compile_one_line_and_the_compiled_row_skipped(monkeypatch, capsys):
+    def no_compiler(*_args, **_kwargs):
+        raise RuntimeError("InductorError: no working C compiler found\n  (a long traceback)")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    why = patch_bench.compile_unavailable("cpu")
+    assert why is not None and "no working C compiler" in why and "\n" not in why
+
+    seen = {}
+
+    def fake_run_all(args, modes, variants):
+        seen["stock"] = args.stock
+        return [{"mode": "generate", "variant": None, "apply": None, "stock": "eager", "ms_per_token": 2.0,
+                 "mean_ms": 2.0, "after_load_mb": 1.0, "peak_mb": 1.0, "threads": 1}]
+
+    monkeypatch.setattr(patch_bench, "run_all", fake_run_all)
+    monkeypatch.setattr("sys.argv", ["patch_bench.py", "--model", "tiny-gemma3", "--modes", "generate"])
+    patch_bench.main()
+    out = capsys.readouterr().out.splitlines()
+    assert seen["stock"] == "eager"
+    assert [line for line in out if "compiled" in line] == [
+        f"stock compiled: skipped, torch.compile cannot run on cpu here ({why})"]
+
+
+def test_ops_per_token_for_stock_and_every_variant():
+    """--ops: per token, the stock step's operations and host reads (a compiled row counted as its static cache's
+    eager step) and each variant's, split into the with-context step and the rest."""
+    args = argparse.Namespace(model="tiny-gemma3", dtype="float32", device="cpu", threads=1, tokens=2,
+                              apply="materialized", stock="eager,compiled")
+    rows = patch_bench.count_all(args, ["naive", "closed_loop"])
+    assert [r["variant"] for r in rows] == ["stock eager", "stock static", "naive", "closed_loop"]
+    for r in rows:
+        assert r["ops_per_token"] > 0 and r["host_reads_per_token"] >= 0
+    for r in rows[2:]:
+        assert 0 < r["context_ops"] < r["ops_per_token"]
+        assert r["host_reads_per_token"] >= 1  # the patched model's argmax, read back to pick the token
