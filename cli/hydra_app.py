@@ -63,8 +63,6 @@ def main(cfg: DictConfig) -> dict:
     (experiments.core.callbacks) reports it and sets the exit code."""
     from hydra.core.hydra_config import HydraConfig
 
-    from experiments.core.runner import run_from_hydra
-
     sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
     _state["began"] = False
     try:
@@ -74,11 +72,9 @@ def main(cfg: DictConfig) -> dict:
 
             with checks_kept():  # the model's check, made once here, is the load's (zoo/loading.py)
                 check_in_job(HydraConfig.get().runtime.choices["experiment"], cfg)
-                _state["began"] = True
-                run_from_hydra(cfg)
+                _run(cfg)
         else:
-            _state["began"] = True
-            run_from_hydra(cfg)
+            _run(cfg)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: run.json already says interrupted; one line
         if not job_began():  # during the checks: the CLI's line for a run that had not begun, no folder kept
             raise
@@ -107,3 +103,11 @@ def main(cfg: DictConfig) -> dict:
         print(f"error: {type(err).__name__}: {err} (traceback: {where})", file=sys.stderr)
         return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
     return {"status": "complete"}
+
+
+def _run(cfg: DictConfig) -> None:
+    """The job, once checked: the runner (torch, matplotlib) imported only now, so a refusal does not wait on it."""
+    from experiments.core.runner import run_from_hydra
+
+    _state["began"] = True
+    run_from_hydra(cfg)
