@@ -68,11 +68,9 @@ def main(cfg: DictConfig) -> dict:
     try:
         if _state["check"] and not sweeping:
             from cli.check_job import check_in_job
-            from experiments.zoo.loading import checks_kept
 
-            with checks_kept():  # the model's check, made once here, is the load's (zoo/loading.py)
-                check_in_job(HydraConfig.get().runtime.choices["experiment"], cfg)
-                _run(cfg)
+            check_in_job(HydraConfig.get().runtime.choices["experiment"], cfg)  # its model check is the load's
+            _run(cfg)
         else:
             _run(cfg)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: run.json already says interrupted; one line

@@ -25,14 +25,13 @@ import functools
 import gc
 import os
 import socket
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from experiments.core.errors import UserError, first_line
 from experiments.core.runtime import RUN_GPUS
-from experiments.zoo import gemma
+from experiments.zoo import gemma, kept_checks
 from experiments.zoo.bundle import ModelBundle
 from experiments.zoo.bundled_gguf import BUNDLED
 from experiments.zoo.catalog import PLAIN, Catalog
@@ -284,29 +283,10 @@ def _checked_config(name: str, dtype: torch.dtype, device: torch.device | str, c
 def check_model(name: str, dtype: torch.dtype, device: torch.device | str, catalog: Catalog = PLAIN):
     """Everything that can be checked before a run folder exists: the config can be had, the catalog accepts it
     (`catalog.require`: patching's asks whether it can be patched), the model fits in memory. Returns the
-    config, kept in a job for its load (`checks_kept`)."""
+    config, kept for the load of the same job (zoo/kept_checks.py)."""
     config = _checked_config(name, dtype, device, catalog)
-    if _kept:
-        _kept[-1].setdefault(_check_key(name, dtype, device, catalog), []).append(config)
+    kept_checks.keep(_check_key(name, dtype, device, catalog), config)
     return config
-
-
-# What check_model found, kept for the load that follows it, within a job (`checks_kept`, which a plain run's job
-# opens around its checks and its run: cli/hydra_app.py): the job checks its model once, in its validate before
-# any run folder, and its load takes that check instead of making it again. Each check is taken once; a model
-# loaded without one (a second dtype, the Python API, a test) is checked at its load. Nothing outlives the job,
-# so no check made for one job (or one test) is taken by another's load.
-_kept: list[dict[tuple, list]] = []
-
-
-@contextmanager
-def checks_kept():
-    """A job's scope: each check_model made in it is kept for one load of the same model, dtype and device."""
-    _kept.append({})
-    try:
-        yield
-    finally:
-        _kept.pop()
 
 
 def _check_key(name: str, dtype: torch.dtype, device, catalog: Catalog) -> tuple:
@@ -341,8 +321,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: torch.devi
     """The model `name` (see the module docstring) in `dtype` on `device`, in eval mode, checked by `catalog`
     before and after loading (patching/load.py's `load_checked` passes patching's)."""
     name = str(name)
-    kept = _kept[-1].get(_check_key(name, dtype, device, catalog)) if _kept else None
-    config = kept.pop(0) if kept else _checked_config(name, dtype, device, catalog)
+    config = kept_checks.take(_check_key(name, dtype, device, catalog)) or _checked_config(name, dtype, device, catalog)
     if name in random_offline(catalog):
         model, tok, processor = build_offline(name, seed, catalog)
         model = model.to(dtype)

@@ -31,28 +31,34 @@ def test_a_plain_run_is_composed_once_and_checked_once(monkeypatch, tmp_path):
     _count(monkeypatch, counts, Hydra, "compose_config", "composed")
     _count(monkeypatch, counts, check_job, "check_job", "checked")
     _count(monkeypatch, counts, loading, "check_model", "model checked")
+    _count(monkeypatch, counts, loading, "_checked_config", "model checks made")  # check_model's and a load's
     _count(monkeypatch, counts, run, "validate", "validated")  # what the declaration's Later("...:validate") calls
     run_dir = tmp_path / "run"
     result = invoke_in_process(*["run", "patch_match", "preset=smoke", "device=cpu", "model=tiny-llama",
                                       "max_new_tokens=2", f"hydra.run.dir={run_dir}"])
     assert result.exit_code == 0, result.output[-3000:]
     assert (run_dir / "claims.csv").is_file()
-    assert counts == {"composed": 1, "checked": 1, "validated": 1, "model checked": 1}, counts
+    assert counts == {"composed": 1, "checked": 1, "validated": 1, "model checked": 1, "model checks made": 1}, counts
 
 
 def test_a_sweep_is_checked_whole_before_its_first_job(monkeypatch, tmp_path):
     """The control: a sweep's jobs are all checked by the CLI before the first begins (a bad value in the last
-    costs no earlier job), and a job does not check again: one check per job there too."""
+    costs no earlier job), and a job does not check again: one check per job there too, and each job's load
+    takes its job's model check (the jobs run in this process: Hydra's basic launcher)."""
     from cli import check_job, overrides
+    from experiments.zoo import loading
 
     counts: Counter = Counter()
     _count(monkeypatch, counts, overrides, "check_job", "checked")  # the CLI's checks of a sweep
     _count(monkeypatch, counts, check_job, "check_job", "checked")  # a job's own (none in a sweep)
-    result = invoke_in_process(*["run", "linreg_icl", "preset=smoke", "device=cpu", "seed=0,1", "-m",
-                                      f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    _count(monkeypatch, counts, loading, "check_model", "model checked")
+    _count(monkeypatch, counts, loading, "_checked_config", "model checks made")  # check_model's and a load's
+    sweep = tmp_path / "sweep"
+    result = invoke_in_process("run", "patch_match", "preset=smoke", "device=cpu", "model=tiny-llama",
+                               "max_new_tokens=2", "seed=0,1", "-m", f"hydra.sweep.dir={sweep}")
     assert result.exit_code == 0, result.output[-3000:]
-    assert counts["checked"] == 2
-    assert (tmp_path / "sweep" / "0" / "run.json").is_file() and (tmp_path / "sweep" / "1" / "run.json").is_file()
+    assert (sweep / "0" / "claims.csv").is_file() and (sweep / "1" / "claims.csv").is_file()
+    assert counts == {"checked": 2, "model checked": 2, "model checks made": 2}, counts
 
 
 def test_a_refusal_in_the_job_leaves_a_folder_the_user_made_as_it_was(tmp_path):

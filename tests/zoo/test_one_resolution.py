@@ -27,7 +27,7 @@ def test_a_job_resolves_its_models_config_once_and_a_folder_probes_no_hub(tmp_pa
     validate("patch_match", [*overrides, "preset=smoke", "device=cpu"], multirun=False)
     run_claims("patch_match", tmp_path / "run", *overrides)
     after = real_resolve.cache_info()
-    assert asked.count(folder) >= 3  # validate's check, the load's (no job here: zoo/loading.checks_kept), the loader
+    assert asked.count(folder) >= 3  # validate, the load (no command here: zoo/kept_checks.py), the loader
     assert after.misses - before.misses == 1  # ... and one resolution among them
     assert not probes
 
