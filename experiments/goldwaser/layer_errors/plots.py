@@ -74,7 +74,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     ax.set_title("gain of the patched layer / original layer\n(same x, same random δ)")
     ax.set_xlabel("layer")
     ax.set_ylabel("‖T′(x+δ) − T′(x)‖ / ‖T(x+δ) − T(x)‖")
-    ax.legend(fontsize=6, loc="upper left")
+    _legend_or_say(ax, "no gain measured for these variants")
     ax = axes[len(dtypes) + 1]
     dm = m[(m["metric"] == "dm_linf") & (m["dtype"] == dtypes[-1])]
     for v in variants:
@@ -82,7 +82,7 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
     ax.set_title(f"largest entry of the output update, {dtypes[-1]}")
     ax.set_xlabel("layer")
     ax.set_ylabel("max |Δ| of the output parameter (Δm)")
-    ax.legend(fontsize=6, loc="upper left")
+    _legend_or_say(ax, "no output update measured for these variants")
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     model = m["model"].iloc[0] if "model" in m else "?"
@@ -92,3 +92,12 @@ def plot(metrics: pd.DataFrame, figures_dir: Path) -> list[Path]:
                  f"context, {n_tok} tokens\n(line: median, band: min–max; naive and the closed loop with Thm 10 alone "
                  f"compute the same Δm, so their gains coincide)", fontsize=9)
     return save_figure(fig, figures_dir, "fig_layer_errors")
+
+
+def _legend_or_say(ax, empty: str) -> None:
+    """The panel's legend, or where nothing was measured (a closed loop alone has no gain), a line that says so
+    instead of an empty frame."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6, loc="upper left")
+    else:
+        ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.4")
