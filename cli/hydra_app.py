@@ -44,7 +44,7 @@ _state = {"check": False, "began": False}  # began: the job passed its checks (r
 @contextmanager
 def checked_in_job():
     """While the CLI runs a plain run through main(): its job checks its config before it begins."""
-    _state.update(check=True, began=False)
+    _state.update(check=True)
     try:
         yield
     finally:
@@ -52,7 +52,13 @@ def checked_in_job():
 
 
 def job_began() -> bool:
+    """Whether the job this process last handed to Hydra passed its checks and began (since `forget_job`)."""
     return _state["began"]
+
+
+def forget_job() -> None:
+    """Before the CLI hands Hydra a command line: no job of it has begun (a test runs many in one process)."""
+    _state["began"] = False
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

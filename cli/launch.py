@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -113,10 +115,27 @@ def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> P
 
 
 def _run_checked_in_job(name: str, overrides: list[str], started: dict) -> None:
-    """A plain run: Hydra composes its config (once) and its job checks it (hydra_app.check_in_job). A value
-    composition refuses is worded as the CLI words it (cli/config_errors.py), from Hydra's own exception; a
-    job's refusal leaves no folder behind: what Hydra wrote before the job began (.hydra/, the log) is
-    removed, and the folder too when this run made it."""
+    """A plain run: Hydra composes its config (once) and its job checks it (hydra_app.check_in_job); a value
+    composition refuses is worded as the CLI words it (`_composition_worded`). A job's refusal leaves no folder
+    behind: what Hydra wrote before the job began (.hydra/, the log) is removed, and the folder too when this
+    run made it."""
+    from cli import hydra_app
+
+    try:
+        with _composition_worded(name, overrides), hydra_app.checked_in_job():
+            hydra_app.main()
+    except SystemExit as end:
+        if end.code == 2 and not hydra_app.job_began():
+            _remove_unbegun(started)
+        raise
+
+
+@contextmanager
+def _composition_worded(name: str, overrides: list[str]) -> Iterator[None]:
+    """While the CLI hands a command line to Hydra, which composes it once: what composition refuses (an unknown
+    key, an ill-typed value) reaches the CLI as Hydra's own exception (HYDRA_FULL_ERROR=1, instead of Hydra
+    printing it) and is worded as every other refusal (cli/config_errors.py), one line, exit 2. Past
+    composition (a job that began) an exception is the job's own."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -124,19 +143,15 @@ def _run_checked_in_job(name: str, overrides: list[str], started: dict) -> None:
     from cli.config_errors import composition_error, refused_in
 
     full_error = os.environ.get("HYDRA_FULL_ERROR")
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what composition refused, instead of printing it
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    hydra_app.forget_job()
     try:
-        with hydra_app.checked_in_job():
-            hydra_app.main()
+        yield
     except (HydraException, OmegaConfBaseException) as err:
         if hydra_app.job_began():
             raise
         keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]  # the keys typed, as the CLI names them
         fail(composition_error(err, name, keys, refused_in(err)))
-    except SystemExit as end:
-        if end.code == 2 and not hydra_app.job_began():
-            _remove_unbegun(started)
-        raise
     finally:
         if full_error is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -158,13 +173,13 @@ def _remove_unbegun(started: dict) -> None:
 
 
 def _show(name: str, overrides: list[str], multirun: bool) -> None:
-    """`icl-exp run NAME ... --cfg job` (or `--info`): Hydra prints the composed config and runs nothing, so the
-    command line is checked as far as composition checks it (keys, types; one line for a bad one) and no run
-    folder is chosen or made: the answer imports no experiment module, torch or pandas."""
-    from cli.overrides import check_command_line
+    """`icl-exp run NAME ... --cfg job` (or `--info`): Hydra composes the config once and prints it, running
+    nothing; the command line is read first (`check_line`), a value composition refuses is the same one line as
+    for a run, and no run folder is chosen or made: the answer imports no experiment module, torch or pandas."""
+    from cli.overrides import check_line
 
     try:
-        check_command_line(name, overrides, multirun, jobs=False)
+        check_line(name, overrides, multirun)
     except UserError as err:
         fail(str(err))
     flags = hydra_flags(overrides)
@@ -172,7 +187,8 @@ def _show(name: str, overrides: list[str], multirun: bool) -> None:
     sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags]
     from cli import hydra_app
 
-    hydra_app.main()
+    with _composition_worded(name, plain):
+        hydra_app.main()
 
 
 def check_writable(folder: str | os.PathLike) -> None:

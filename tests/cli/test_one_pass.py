@@ -73,3 +73,20 @@ def test_a_refusal_in_the_job_leaves_a_folder_the_user_made_as_it_was(tmp_path):
     assert result.exit_code == 2
     assert "threads=0 must be at least 1" in " ".join(result.stderr.split())
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_cfg_job_is_composed_once_and_a_refusal_after_a_run_is_still_one_line(monkeypatch, tmp_path):
+    """`--cfg job` prints Hydra's one composition; a bad key there, after a run in the same process (whose job
+    began), is composition's one line, not the job's traceback."""
+    from hydra._internal.hydra import Hydra
+
+    ran = invoke_in_process("run", "linreg_icl", "preset=smoke", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}")
+    assert ran.exit_code == 0, ran.output[-3000:]
+    counts: Counter = Counter()
+    _count(monkeypatch, counts, Hydra, "compose_config", "composed")
+    shown = invoke_in_process("run", "linreg_icl", "train.steps=7", "--cfg", "job")
+    assert shown.exit_code == 0 and "steps: 7" in shown.stdout, shown.output[-3000:]
+    assert counts["composed"] == 1
+    refused = invoke_in_process("run", "linreg_icl", "trian.steps=1", "--cfg", "job")
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert " ".join(refused.stderr.split()).startswith("error: unknown config key 'trian.steps'"), refused.stderr
