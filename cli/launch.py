@@ -1,6 +1,8 @@
 """One way into a run: `icl-exp run`, `icl-exp patch export` and `icl-exp patch compile` all call
-`launch(name, overrides, multirun)`. It checks the command line (one line for a bad one, before any
-folder exists), picks the run folder and hands argv to Hydra's own entry point."""
+`launch(name, overrides, multirun)`. It reads the command line (one line for a bad one, before any folder
+exists), picks the run folder and hands argv to Hydra's own entry point, which composes each job once; a plain
+run's job checks itself and a refusal there leaves no folder (`_run_checked_in_job`), a sweep's jobs are
+checked here first (`_launch`)."""
 
 from __future__ import annotations
 
