@@ -74,9 +74,11 @@ def main(cfg: DictConfig) -> dict:
     try:
         if _state["check"] and not sweeping:
             from cli.check_job import check_in_job
+            from experiments.zoo.kept_checks import checks_kept
 
-            check_in_job(HydraConfig.get().runtime.choices["experiment"], cfg)  # its model check is the load's
-            _run(cfg)
+            with checks_kept():  # the job's model check, made once here, is its load's (zoo/kept_checks.py)
+                check_in_job(HydraConfig.get().runtime.choices["experiment"], cfg)
+                _run(cfg)
         else:
             _run(cfg)
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: run.json already says interrupted; one line

@@ -22,12 +22,9 @@ from experiments.core.errors import UserError
 
 def launch(name: str, overrides: list[str], multirun: bool = False) -> Path | None:
     """Run experiment `name` with Hydra `overrides` (a sweep when `multirun`); the run folder once done."""
-    from experiments.zoo.kept_checks import checks_kept
-
     started: dict = {}  # the run folder, once chosen, and whether it was there before
     try:
-        with checks_kept():  # a job's model check, made once before it begins, is its load's (zoo/kept_checks.py)
-            return _launch(name, list(overrides), multirun, started)
+        return _launch(name, list(overrides), multirun, started)
     except KeyboardInterrupt:  # Ctrl-C before the job began (a job's own Ctrl-C is hydra_app's line)
         _interrupted_at_start(started, multirun)
 

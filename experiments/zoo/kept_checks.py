@@ -1,10 +1,10 @@
-"""A model's check kept for its load, within one command's jobs (`checks_kept`, which cli/launch.py opens around a
-command's checks and the jobs this process runs): each job checks its model once, before any run folder (a plain
-run in its job, a sweep's jobs all in the CLI before the first begins), and its load (zoo/loading.load_model)
-takes that check instead of making it again. Each check is taken once, in the order made; a model loaded without
-one (a second dtype, the Python API, a test, a job in a launcher's other process) is checked at its load.
-Nothing outlives the scope, so no check made for one command (or one test) is taken by another's load. Imports
-nothing: the CLI opens the scope before it knows whether torch will be needed."""
+"""A model's check kept for its load, within one plain run's job (`checks_kept`, which cli/hydra_app.py opens around
+the job's checks and its run): the job checks its model once, in its validate before run.json, and its load
+(zoo/loading.load_model) takes that check instead of making it again. Each check is taken once; a model loaded
+without one (a second dtype, the Python API, a test, a sweep's job) is checked at its load. Not across a sweep's
+jobs: a check also records a structural family's forms for its config's model_type (patching/load.require),
+which the last job checked would hold for every job's load (Gemma 4's sizes differ in structure under one
+model_type), so a sweep's job checks again at its load. Nothing outlives the scope. Imports nothing."""
 
 from __future__ import annotations
 
