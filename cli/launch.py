@@ -109,11 +109,11 @@ def _launch(name: str, overrides: list[str], multirun: bool, started: dict) -> P
 
         hydra_app.main()
     else:
-        _run_checked_in_job(name, plain, started)
+        _run_checked_in_job(name, [o.key_or_group for o in parsed], started)
     return Path(out_dir)
 
 
-def _run_checked_in_job(name: str, overrides: list[str], started: dict) -> None:
+def _run_checked_in_job(name: str, keys: list[str], started: dict) -> None:
     """A plain run: Hydra composes its config (once) and its job checks it (hydra_app.check_in_job); a value
     composition refuses is worded as the CLI words it (`_composition_worded`). A job's refusal leaves no folder
     behind: what Hydra wrote before the job began (.hydra/, the log) is removed, and the folder too when this
@@ -121,7 +121,7 @@ def _run_checked_in_job(name: str, overrides: list[str], started: dict) -> None:
     from cli import hydra_app
 
     try:
-        with _composition_worded(name, overrides), hydra_app.checked_in_job():
+        with _composition_worded(name, keys), hydra_app.checked_in_job():
             hydra_app.main()
     except SystemExit as end:
         if end.code == 2 and not hydra_app.job_began():
@@ -130,7 +130,7 @@ def _run_checked_in_job(name: str, overrides: list[str], started: dict) -> None:
 
 
 @contextmanager
-def _composition_worded(name: str, overrides: list[str]) -> Iterator[None]:
+def _composition_worded(name: str, keys: list[str]) -> Iterator[None]:
     """While the CLI hands a command line to Hydra, which composes it once: what composition refuses (an unknown
     key, an ill-typed value) reaches the CLI as Hydra's own exception (HYDRA_FULL_ERROR=1, instead of Hydra
     printing it) and is worded as every other refusal (cli/config_errors.py), one line, exit 2. Past
@@ -149,8 +149,7 @@ def _composition_worded(name: str, overrides: list[str]) -> Iterator[None]:
     except (HydraException, OmegaConfBaseException) as err:
         if hydra_app.job_began():
             raise
-        keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]  # the keys typed, as the CLI names them
-        fail(composition_error(err, name, keys, refused_in(err)))
+        fail(composition_error(err, name, keys, refused_in(err)))  # keys: the overrides' keys, as typed
     finally:
         if full_error is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -178,7 +177,7 @@ def _show(name: str, overrides: list[str], multirun: bool) -> None:
     from cli.overrides import check_line
 
     try:
-        check_line(name, overrides, multirun)
+        parsed = check_line(name, overrides, multirun)
     except UserError as err:
         fail(str(err))
     flags = hydra_flags(overrides)
@@ -186,7 +185,7 @@ def _show(name: str, overrides: list[str], multirun: bool) -> None:
     sys.argv = ["icl-exp", f"experiment={name}", *plain, *flags]
     from cli import hydra_app
 
-    with _composition_worded(name, plain):
+    with _composition_worded(name, [o.key_or_group for o in parsed]):
         hydra_app.main()
 
 

@@ -73,13 +73,10 @@ def _reference(name: str, parsed: list) -> DictConfig:
         raise UserError(composition_error(err, name, [o.key_or_group for o in parsed], None)) from None
 
 
-def check_command_line(name: str, overrides: list[str], multirun: bool,
-                       jobs: bool = True) -> tuple[Experiment | None, DictConfig]:
+def check_command_line(name: str, overrides: list[str], multirun: bool) -> tuple[Experiment, DictConfig]:
     """A sweep's checks, all before its first job: the command line (check_line), every job's config composed
     and checked (check_job); the experiment and the last job's config. (A plain run composes once, in Hydra,
-    and its job checks itself: cli/launch.py.)
-    `jobs=False` (`--cfg job`, `--info`: Hydra prints, nothing runs): composition's checks alone, the keys and
-    their types, so the answer imports no experiment module (and no torch); no experiment is returned."""
+    and its job checks itself: cli/launch.py; under torchrun it is checked here.)"""
     parsed = check_line(name, overrides, multirun)
     keys = [o.key_or_group for o in parsed]
     # every combination composed first: a bad value anywhere in a sweep is said before torch is imported
@@ -89,16 +86,12 @@ def check_command_line(name: str, overrides: list[str], multirun: bool,
             configs.append(compose_config([f"experiment={name}", *combo]))
         except HydraException as err:
             raise UserError(composition_error(err, name, keys, refused_in(err))) from None
-    if not jobs:  # no registry.get: a one-file experiment's module imports torch
-        GlobalHydra.instance().clear()
-        return None, configs[-1] if configs else _reference(name, parsed)
     exp = registry.get(name)
-    if not multirun and configs:
+    if not multirun:
         this_process_runs_on(configs[-1])
     for cfg in configs:
         check_job(exp, cfg)
     check_parallel_gpus(configs)
     warn_slow_float64(exp, configs)
-    cfg = configs[-1] if configs else _reference(name, parsed)
     GlobalHydra.instance().clear()
-    return exp, cfg
+    return exp, configs[-1]  # expand() gives at least one combination: the command line itself
