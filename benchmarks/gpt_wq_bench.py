@@ -172,10 +172,13 @@ def main() -> None:
         for name in args.variants.split(","):
             cfg = model_config(VARIANTS[name], replace(base))
             r = bench(cfg, p["batch"], p["steps"], p["warmup"], device, p["compile"], p["bf16"])
+            print(report(name, r), flush=True)  # at once: a run stopped at a time limit keeps what it measured
             if name not in rows or r["tokens_per_s"] > rows[name]["tokens_per_s"]:
                 rows[name] = r
-    for name, r in rows.items():
-        print(report(name, r), flush=True)
+    if p["rounds"] > 1:
+        print(f"best of {p['rounds']} rounds:")
+        for name, r in rows.items():
+            print(report(name, r), flush=True)
     if "wq_identity_117m" in rows and "baseline_124m" in rows:
         ratio = rows["wq_identity_117m"]["tokens_per_s"] / rows["baseline_124m"]["tokens_per_s"]
         verdict = "OK" if ratio >= 0.97 else "SLOWER"  # 3 %: timing noise on a shared machine

@@ -47,7 +47,8 @@ def test_dry_fake_run_lists_every_step(tmp_path):
     names = [s.name for p in phases for lane in p.lanes for s in lane]
     assert {"02_pytest_gpu", "03_patch_match_tiny_families", "04_context_compile_moe", "05_gemma_match_image",
             "22_gemma_match_parallel",
-            "30_gpt_wq_torchrun", "31_patch_bench_float32", "32_patch_bench_bfloat16"} <= set(names)
+            "30_gpt_wq_torchrun", "31_patch_bench_float32", "32_patch_bench_bfloat16",
+            "33_stock_compiled_bfloat16", "34_gpt_wq_paper"} <= set(names)
     text = (out / "summary.md").read_text()
     data = json.loads((out / "summary.json").read_text())
     assert sorted(r["name"] for r in data["steps"]) == sorted(names)
