@@ -53,9 +53,16 @@ def peak_line(device: torch.device, bf16: bool) -> str:
     return describe(name) if bf16 else f"{name}: float32 peak unknown (benchmarks/gpu_peaks.py lists bf16), so no MFU"
 
 
+# --batch auto's ceiling: llm.c's GPT-2 124M micro-batch (64 × 1024 tokens, a step well past the launch-bound
+# sizes). The 2026-11-28 H200 check sized by memory alone, got 284 sequences (291k tokens a step), and its
+# compile and warm-up outlasted the step's 156 s: what fits is not what a benchmark needs.
+AUTO_BATCH_CAP = 64
+
+
 def auto_batch(cfg: GPTConfig, device: torch.device, bf16: bool, fallback: int) -> int:
     """--batch auto: on CUDA the largest micro-batch the free memory holds for the largest variant (an
-    estimate, gpt/memory.py); elsewhere `fallback` (the CPU's memory is not the bound worth sizing to)."""
+    estimate, gpt/memory.py), at most AUTO_BATCH_CAP; elsewhere `fallback` (the CPU's memory is not the bound
+    worth sizing to)."""
     if device.type != "cuda":
         return fallback
     free, _ = torch.cuda.mem_get_info(device)
@@ -64,7 +71,7 @@ def auto_batch(cfg: GPTConfig, device: torch.device, bf16: bool, fallback: int) 
     if fits < 1:
         sys.exit(f"--batch auto: not one sequence of the {count_meta(largest)['total'] / 1e6:.1f}M model fits in "
                  f"{free / 2**30:.1f} GiB free")
-    return fits
+    return min(fits, AUTO_BATCH_CAP)
 
 
 def bench(cfg: GPTConfig, batch: int, steps: int, warmup: int, device: torch.device, compile: bool,
@@ -141,7 +148,7 @@ def plan(args: argparse.Namespace, device: torch.device) -> tuple[GPTConfig, dic
         "rounds": args.rounds or (1 if paper_cpu else 2),
         "compile": args.compile or (args.paper and cuda),
         "bf16": bf16,
-        "batch_source": "auto: estimated from the shape and the free memory" if batch == "auto" and cuda else "given",
+        "batch_source": f"auto: what the free memory holds, at most {AUTO_BATCH_CAP}" if batch == "auto" and cuda else "given",
     }
 
 

@@ -285,7 +285,28 @@ def one_process(args: argparse.Namespace, modes: list[str], variants: list[str])
                 rows.append({"mode": mode, "variant": None if mode == "generate" else variant, "apply": apply,
                              "stock": stock if mode == "generate" else None,
                              "error": f"{type(err).__name__}: {err}"})
+            if not getattr(args, "mode", None):  # the one-process run (CUDA): each row kept as it is measured
+                measured(args, rows)
     return rows
+
+
+def measured(args: argparse.Namespace, rows: list[dict]) -> None:
+    """The newest row on stderr at once, and every row so far in --json: a run stopped at a time limit (the GPU
+    check's steps, a lease running out) keeps what it measured. The 2026-11-28 H200 check lost a whole
+    eager row this way when the compiled row's compile outlasted the step."""
+    r = rows[-1]
+    what = r.get("error") or f"{r['ms_per_token']:.2f} ms/token, peak {r['peak_mb']:.0f} MB"
+    print(f"measured: {r['mode']} {label(r)} {r.get('apply') or ''}: {what}", file=sys.stderr, flush=True)
+    if getattr(args, "json", None):
+        write_json(args, rows)
+
+
+def write_json(args: argparse.Namespace, rows: list[dict]) -> None:
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    base = baseline(rows)
+    args.json.write_text(json.dumps({"model": args.model, "dtype": args.dtype, "device": args.device,
+                                     "tokens": args.tokens, "target": TARGETS.get(args.model, DEFAULT_TARGET),
+                                     "stock": base["stock"] if base else None, "rows": rows}, indent=1))
 
 
 def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> list[dict]:
@@ -491,11 +512,7 @@ def main() -> None:
         rows = run_all(a, modes, variants)
         print_table(a, rows)
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        base = baseline(rows)
-        a.json.write_text(json.dumps({"model": a.model, "dtype": a.dtype, "device": a.device, "tokens": a.tokens,
-                                      "target": TARGETS.get(a.model, DEFAULT_TARGET),
-                                      "stock": base["stock"] if base else None, "rows": rows}, indent=1))
+        write_json(a, rows)
 
 
 if __name__ == "__main__":

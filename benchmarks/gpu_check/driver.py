@@ -37,9 +37,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds for all the steps (default %(default)s); above it, every timeout grows alike")
     ap.add_argument("--fake", action="store_true", default=os.environ.get("ICL_EXP_GPU_CHECK_FAKE") == "1",
                     help="the same steps on the CPU at the smallest sizes (ICL_EXP_GPU_CHECK_FAKE=1)")
+    ap.add_argument("--phases", default="functional,timings",
+                    help="which phases run (default %(default)s): `timings` alone gives the GPU's time to the "
+                         "benchmarks, once a check's functional phase has passed on the same tree")
     ap.add_argument("--dry", action="store_true", help="each step's command only printed: the plumbing alone")
     ap.add_argument("--keep-work", action="store_true", help="keep the temp folder of runs and unpacked wheels")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    unknown = sorted(set(args.phases.split(",")) - set(plan.PHASES))
+    if unknown:
+        ap.error(f"--phases: no phase {', '.join(unknown)} (the phases: {', '.join(plan.PHASES)})")
+    return args
 
 
 def child_env(deps: Path, work: Path) -> dict[str, str]:
@@ -106,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     note, results = "", {}
     try:
         experiments, tiny = listing(python, env)
-        phases = [scaled(p, max(1.0, args.budget / BUDGET_S))
-                  for p in plan.build(python, work, out, experiments, args.fake, tiny)]
+        wanted = args.phases.split(",")
+        built = plan.build(python, work, out, experiments, args.fake, tiny)
+        # alone, a phase has the whole budget (its cap is for sharing it)
+        phases = [scaled(p if len(wanted) > 1 else replace(p, cap_s=None), max(1.0, args.budget / BUDGET_S))
+                  for p in built if p.name in wanted]
         deadline = Deadline(args.budget)
         for phase in phases:
             phase = dry(phase, python) if args.dry else phase

@@ -42,3 +42,15 @@ def test_the_row_names_its_units():
     row = bench.report("x", {"params_m": 1, "tokens_per_s": 1, "step_s": 1, "flops_per_token": 1, "mfu": 0.291,
                              "peak_mem_gib": 3.0})
     assert "MFU  29.1%" in row and "peak mem 3.0 GiB" in row
+
+
+@pytest.mark.parametrize("free_gib,expected", [(139, bench.AUTO_BATCH_CAP), (16, None)])
+def test_batch_auto_on_a_gpu_is_what_fits_at_most_the_cap(monkeypatch, free_gib, expected):
+    """The H200's 139 GiB held 284 sequences by memory, whose compile outlasted the check's step: auto stops at
+    the cap; a small card gets what fits, below it."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_gib * 2**30, free_gib * 2**30))
+    batch = bench.auto_batch(GPTConfig(), torch.device("cuda"), True, 8)
+    if expected is None:
+        assert 1 <= batch < bench.AUTO_BATCH_CAP
+    else:
+        assert batch == expected

@@ -157,3 +157,16 @@ def test_nox_gpu_session_stops_in_one_line_without_cuda(monkeypatch):
     session.posargs = ["--fake", "--dry"]  # the CPU stand-in goes on
     nf.gpu(session)
     assert session.runs == [(sys.executable, "-m", "benchmarks.gpu_check", "--fake", "--dry")]
+
+
+def test_the_timings_alone(tmp_path):
+    """`--phases timings`: the benchmarks get the GPU's whole budget once a functional phase has passed; a
+    phase that does not exist is refused in one line before anything runs."""
+    out = tmp_path / "out"
+    done = check("--fake", "--dry", "--phases", "timings", "--out", str(out), "--budget", "60")
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = {json.loads(p.read_text())["name"] for p in (out / "steps").glob("*.json")}
+    assert ran == {"31_patch_bench_float32", "32_patch_bench_bfloat16", "33_stock_compiled_bfloat16",
+                   "34_gpt_wq_paper"}
+    bad = check("--fake", "--dry", "--phases", "timing", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "--phases: no phase timing" in bad.stderr and not (tmp_path / "bad").exists()

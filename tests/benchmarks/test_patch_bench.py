@@ -24,14 +24,20 @@ def test_the_cuda_meter_synchronizes_and_reads_the_allocator(monkeypatch):
     assert meter.peak_mb() == 5.0 and calls[-1] == "sync"
 
 
-def test_every_mode_and_variant_on_one_model(monkeypatch):
+def test_every_mode_and_variant_on_one_model(monkeypatch, tmp_path, capsys):
+    """...and each row is kept as it is measured (stderr, --json): a run stopped at a time limit keeps them."""
     args = argparse.Namespace(model="tiny-gemma3", dtype="float32", device="cpu", threads=1, tokens=2,
-                              apply="materialized")
+                              apply="materialized", json=tmp_path / "rows.json")
+    kept = []
+    monkeypatch.setattr(patch_bench, "write_json", lambda a, rows: kept.append(len(rows)))
     rows = patch_bench.one_process(args, ["generate", "patched"], ["naive", "no_such_variant"])
     assert [(r["mode"], r["variant"]) for r in rows] == [("generate", None), ("patched", "naive"),
                                                          ("patched", "no_such_variant")]
     assert rows[0]["ms_per_token"] > 0 and rows[1]["ms_per_token"] > 0 and rows[1]["peak_mb"] > 0
     assert "no_such_variant" in rows[2]["error"]
+    assert kept == [1, 2, 3]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("measured: ")]
+    assert len(lines) == 3 and "ms/token" in lines[0] and "no_such_variant" in lines[2]
 
 
 def test_a_plain_cuda_device_is_given_its_index_before_set_device(monkeypatch):
