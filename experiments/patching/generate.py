@@ -169,9 +169,13 @@ class GeneratedToken:
     """One token of patched generation, chosen by the patched model."""
 
     step: int
-    token_id: int
+    token: Tensor  # the token, 0-d on the model's device: reading it (`token_id`) is a read back to the host
     context_ms: float  # the with-context decoder body, KV-cached: the targets only
     patch_ms: float  # the patches and the patched forward
+
+    @property
+    def token_id(self) -> int:
+        return int(self.token)
 
     @property
     def ms(self) -> float:
@@ -179,23 +183,32 @@ class GeneratedToken:
 
 
 def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
-                     choose: Callable[[Tensor], int] = lambda logits: int(logits.argmax()),
+                     choose: Callable[[Tensor], Tensor | int] = lambda logits: logits.argmax(),
                      stop_ids: set[int] | None = None) -> Iterator[GeneratedToken]:
     """Generation by the patched model alone: each token is the patched model's choice, and the query of
     the next step. The with-context pass runs only to give the per-layer targets and to extend its cache
     with that token, so it stops before the LM head (its logits are not needed). Greedy, this emits the
-    tokens of the model's own greedy generation with the context wherever the patch is exact."""
+    tokens of the model's own greedy generation with the context wherever the patch is exact.
+
+    Once warmed, a token reads nothing back to the host (issue 54; a test counts it): the chosen token stays
+    on the device as the next query, the patched pass's mask is given whole (`Patcher.query_mask`), and the
+    passes' statistics and value checks wait on the device until the last token (`Patcher.read_deferred`,
+    one read; a failed check raises there). Only `stop_ids` reads each token, to know whether to stop; and
+    the timers synchronize a GPU (they wait, they read nothing)."""
     ids = inputs["input_ids"]
     cache, query = patcher.start(inputs)
+    patcher.read_deferred()  # what an abandoned generation left queued is its own: read (and judged) now
     for step in range(max_new_tokens):
         t0 = _now()
         ctx = patcher.context_step({"input_ids": query}, cache, logits=False)
         cache = ctx.cache
         context_ms = _ms(t0)
         t0 = _now()
-        token = choose(patcher.patched_pass(query, ctx).logits)
+        token = choose(patcher.patched_pass(query, ctx, defer=True).logits)
+        token = token if isinstance(token, Tensor) else torch.tensor(token, device=ids.device)
         patch_ms = _ms(t0)
         yield GeneratedToken(step, token, context_ms, patch_ms)
-        if stop_ids and token in stop_ids:
+        if stop_ids and int(token) in stop_ids:
             break
-        query = torch.tensor([[token]], device=ids.device)
+        query = token.reshape(1, 1)
+    patcher.read_deferred()

@@ -103,17 +103,27 @@ class PatchedPass:
         err = (output.double() - ref).abs().max()
         self._pending.append(torch.stack([err, err / ref.abs().max().clamp_min(1e-300)]))
 
-    def finish(self, checks: list[tuple[Tensor, str]] = ()) -> PatchedPass:
+    def finish(self, checks: list[tuple[Tensor, str]] = (), defer: list | None = None) -> PatchedPass:
         """Read the queued per-layer errors, the layers' statistics and the pass's deferred value checks
-        (`lemmas.deferred_checks`) back to the host, in one read; a failed check raises its ValueError."""
+        (`lemmas.deferred_checks`) back to the host, in one read; a failed check raises its ValueError. With
+        `defer` (a list), nothing is read: the values stay on the device, gathered into one vector queued in
+        `defer` with what takes them (`read_deferred` reads every queued pass at once, later)."""
         stat_fields = [(s, f) for s in self.layer_stats for f in STAT_FIELDS if isinstance(getattr(s, f), Tensor)]
         parts = ([t for t in self._pending] + [getattr(s, f).detach().double().reshape(1) for s, f in stat_fields]
                  + [flag.double().reshape(1) for flag, _ in checks])
         if not parts:
             return self
         device = parts[0].device
-        values = torch.cat([t.to(device).reshape(-1) for t in parts]).tolist()
-        failed = [message for (_, message), v in zip(checks, values[len(values) - len(checks):], strict=True) if v]
+        vector = torch.cat([t.to(device).reshape(-1) for t in parts])
+        messages = [message for _, message in checks]
+        if defer is not None:
+            defer.append((functools.partial(self._take, stat_fields, messages), vector))
+            return self
+        return self._take(stat_fields, messages, vector.tolist())
+
+    def _take(self, stat_fields: list, messages: list[str], values: list[float]) -> PatchedPass:
+        """The read values into the pass: errors, statistics; the first failed check raises."""
+        failed = [message for message, v in zip(messages, values[len(values) - len(messages):], strict=True) if v]
         if failed:
             raise ValueError(failed[0])
         n = 2 * len(self._pending)
@@ -223,6 +233,8 @@ class Patcher:
         # the open loop holds every layer's patched tensors at once, each layer's in its own buffers
         self.layer_bufs = [PatchBuffers(dtype=self.dtype, apply=self.apply) for _ in self.layers]
         self._calls: dict = {}  # (query length, device) -> each layer's call arguments for the query alone
+        self._deferred: list = []  # patched passes' values left on the device (patched_pass(defer=True))
+        self._mask = self._whole_query_mask()  # the query-alone pass's attention mask, where the model takes it
         names = {id(m): n for n, m in model.named_modules()}
         self.layer_names = [names[id(layer)] for layer in self.layers]
         self._inside = False
@@ -254,6 +266,41 @@ class Patcher:
             name = _cache_name(self.model)
             out = self.model(**inputs, **{name: cache}, use_cache=True, logits_to_keep=1)
         return ContextStep(out.logits[0, -1].to(self.logit_dtype), targets, record, getattr(out, name))
+
+    @torch.no_grad()
+    def _whole_query_mask(self) -> Tensor | None:
+        """The attention mask of a pass of the query token alone, as a 4-D boolean (1, 1, 1, 1) of True, where the
+        model takes one and gives the same bits with it: given whole, transformers' mask builders return it as it
+        is (masking_utils' early exit), where without one they inspect the positions for packed sequences and the
+        padding with `.all()`, a read back to the host every token (two a pass on Gemma 3). Softmax over the one
+        key is exactly 1 with or without a mask, so the bits stay; a family that reads positions from the mask
+        (OPT's learned positions, from its cumulative sum) refuses it, and then no mask is given (None). Asked of
+        the model once, here, by two forwards of one token."""
+        device = next(self.model.parameters()).device
+        mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+        probe = torch.ones(1, 1, dtype=torch.long, device=device)
+        try:
+            same = torch.equal(self.model(input_ids=probe, use_cache=False).logits,
+                               self.model(input_ids=probe, attention_mask=mask, use_cache=False).logits)
+        except (ValueError, RuntimeError, TypeError, IndexError):
+            return None
+        return mask if same else None
+
+    def query_mask(self) -> dict:
+        """The query-alone pass's mask argument: `{"attention_mask": the whole mask}`, or none (`_whole_query_mask`)."""
+        return {} if self._mask is None else {"attention_mask": self._mask}
+
+    def read_deferred(self) -> None:
+        """Every deferred patched pass's values (`patched_pass(defer=True)`) read back in one read and put into
+        their passes; the first failed value check among them raises its ValueError."""
+        if not self._deferred:
+            return
+        queued, self._deferred = self._deferred, []
+        values = torch.cat([vector for _, vector in queued]).tolist()
+        start = 0
+        for take, vector in queued:
+            take(values[start:start + vector.numel()])
+            start += vector.numel()
 
     @torch.no_grad()
     def control_logits(self, query: Tensor) -> Tensor:
@@ -322,15 +369,17 @@ class Patcher:
     # -- the patched side ---------------------------------------------------------------------------
     @torch.no_grad()
     def patched_pass(self, query: Tensor, step: ContextStep, keep: dict | None = None,
-                     variant: Variant | None = None) -> PatchedPass:
+                     variant: Variant | None = None, defer: bool = False) -> PatchedPass:
         """The model's forward of the query token alone with every layer patched by `variant` (the patcher's
         own by default) from `step.targets`, each layer's output compared with `step.record`. An open loop:
         all patches first, then the stock forward with them (`open_loop_pass`); a closed loop: each layer
         solved inside the pass. With `keep`, the patched tensors are also copied into it under their full
-        parameter names."""
+        parameter names. With `defer`, the pass reads nothing back to the host: its errors, statistics and
+        value checks wait on the device for `read_deferred` (its logits are there at once)."""
         variant = variant or self.variant
+        into = self._deferred if defer else None
         if variant.evidence:
-            return self.open_loop_pass(query, step, keep, variant)
+            return self.open_loop_pass(query, step, keep, variant, into)
         result = PatchedPass(logits=None, hidden_linf=[], hidden_rel=[])
         originals = []
         for index, layer in enumerate(self.layers):
@@ -338,12 +387,12 @@ class Patcher:
             layer.forward = self._intercept(variant, index, layer, step, result, keep)
         try:
             with deferred_checks() as checks:
-                out = self.model(input_ids=query.view(1, 1), use_cache=False)
+                out = self.model(input_ids=query.view(1, 1), use_cache=False, **self.query_mask())
         finally:
             for layer in originals:
                 del layer.forward
         result.logits = out.logits[0, -1].to(self.logit_dtype)
-        return result.finish(checks)
+        return result.finish(checks, into)
 
     @torch.no_grad()
     def open_loop_tensors(self, query: Tensor, step: ContextStep, variant: Variant | None = None
@@ -368,7 +417,8 @@ class Patcher:
         return {f"{self.layer_names[index]}.{k}": a for index, bufs in enumerate(self.layer_bufs)
                 for k, a in bufs.actions.items()}
 
-    def open_loop_pass(self, query: Tensor, step: ContextStep, keep: dict | None, variant: Variant) -> PatchedPass:
+    def open_loop_pass(self, query: Tensor, step: ContextStep, keep: dict | None, variant: Variant,
+                       defer: list | None = None) -> PatchedPass:
         """The open loop's patched pass: the patched tensors of all layers computed first, then the model's
         unmodified forward of the query alone with them in place of its parameters. Forward hooks only copy
         what each layer returns to the next (and an MoE's routing), for the per-layer errors."""
@@ -383,7 +433,8 @@ class Patcher:
         handles += register_actions(self.model, self.open_loop_actions())
         try:
             with record_outputs(self.layers) as outputs:
-                out = functional_call(self.model, tensors, (), {"input_ids": query.view(1, 1), "use_cache": False})
+                out = functional_call(self.model, tensors, (), {"input_ids": query.view(1, 1), "use_cache": False,
+                                                                **self.query_mask()})
         finally:
             for h in handles:
                 h.remove()
@@ -394,7 +445,7 @@ class Patcher:
             if routed:
                 stats[index].routing_changed = routing_changed(routes[index]["router"], step.targets[index])
             result.compare_layer(output, reference)
-        return result.finish(checks)
+        return result.finish(checks, defer)
 
     def _intercept(self, variant, index, layer, step, result, keep):
         own_forward = type(layer).forward

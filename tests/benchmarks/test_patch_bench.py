@@ -129,4 +129,4 @@ def test_ops_per_token_for_stock_and_every_variant():
         assert r["ops_per_token"] > 0 and r["host_reads_per_token"] >= 0
     for r in rows[2:]:
         assert 0 < r["context_ops"] < r["ops_per_token"]
-        assert r["host_reads_per_token"] >= 1  # the patched model's argmax, read back to pick the token
+        assert r["host_reads_per_token"] == 0  # the token stays on the device; the statistics wait for the end

@@ -174,8 +174,8 @@ def inject(monkeypatch, fault: str) -> None:
         open_loop_pass = Patcher.open_loop_pass
         broken = _PATCHED_PASS_FAULTS[fault]
         monkeypatch.setattr(Patcher, "open_loop_pass",
-                            lambda self, query, step, keep, variant: broken(open_loop_pass, self, query, step, keep,
-                                                                             variant))
+                            lambda self, query, step, keep, variant, *rest: broken(open_loop_pass, self, query, step,
+                                                                                    keep, variant, *rest))
     elif fault in ("vector_scaled_1e-3", "patch_zeroed"):
         tensors = Patcher.open_loop_tensors
         zeroed = fault == "patch_zeroed"
@@ -216,7 +216,7 @@ def _forced(cap, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 
-def _replayed_by_prehook(open_loop_pass, self, query, step, keep, variant):
+def _replayed_by_prehook(open_loop_pass, self, query, step, keep, variant, *rest):
     """Teacher forcing without replacing a forward: a pre-hook on each decoder layer feeds it the with-context
     input x_{l-1} recorded at the query, for the patched pass."""
     def feed(index):
@@ -230,26 +230,26 @@ def _replayed_by_prehook(open_loop_pass, self, query, step, keep, variant):
 
     handles = [layer.register_forward_pre_hook(feed(i), with_kwargs=True) for i, layer in enumerate(self.layers)]
     try:
-        return open_loop_pass(self, query, step, keep, variant)
+        return open_loop_pass(self, query, step, keep, variant, *rest)
     finally:
         for h in handles:
             h.remove()
 
 
-def _logits_from_context(open_loop_pass, self, query, step, keep, variant):
+def _logits_from_context(open_loop_pass, self, query, step, keep, variant, *rest):
     """The patched pass runs, but the logits it reports are the with-context step's."""
-    result = open_loop_pass(self, query, step, keep, variant)
+    result = open_loop_pass(self, query, step, keep, variant, *rest)
     result.logits = step.logits.clone()
     return result
 
 
-def _context_through_cache(open_loop_pass, self, query, step, keep, variant):
+def _context_through_cache(open_loop_pass, self, query, step, keep, variant, *rest):
     """The patches are computed, but the forward that reports on them runs the query on the with-context KV
     cache of the tokens before it, no patch applied."""
     from experiments.patching.capture import record_outputs
     from experiments.patching.patcher import _cache_name
 
-    result = open_loop_pass(self, query, step, keep, variant)
+    result = open_loop_pass(self, query, step, keep, variant, *rest)
     cache = copy.deepcopy(self._fault_cache)
     with record_outputs(self.layers) as outputs:
         out = self.model(input_ids=query.view(1, 1), use_cache=True, **{_cache_name(self.model): cache})

@@ -129,8 +129,8 @@ def _forward_ops(patcher, query, step) -> tuple[collections.Counter, collections
         with counted:
             patcher.patched_pass(query, step)
         patched, counted.ops = counted.ops, collections.Counter()
-        with counted, torch.no_grad():
-            patcher.model(input_ids=query.view(1, 1), use_cache=False)
+        with counted, torch.no_grad():  # the same call: the query alone, its mask given whole
+            patcher.model(input_ids=query.view(1, 1), use_cache=False, **patcher.query_mask())
     finally:
         for h in counted.handles:
             h.remove()
