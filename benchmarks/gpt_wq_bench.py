@@ -148,7 +148,8 @@ def plan(args: argparse.Namespace, device: torch.device) -> tuple[GPTConfig, dic
         "rounds": args.rounds or (1 if paper_cpu else 2),
         "compile": args.compile or (args.paper and cuda),
         "bf16": bf16,
-        "batch_source": f"auto: what the free memory holds, at most {AUTO_BATCH_CAP}" if batch == "auto" and cuda else "given",
+        "batch_source": (f"auto: what the free memory holds, at most {AUTO_BATCH_CAP}" if batch == "auto" and cuda
+                         else "given"),
     }
 
 

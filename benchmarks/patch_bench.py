@@ -184,7 +184,7 @@ def compile_unavailable(device) -> str | None:
 
 
 def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, apply: str = "materialized",
-            stock: str = "eager", compile_as: str | None = None) -> dict:
+            stock: str = "eager", compile_as: str | None = None, graphs: str = "off") -> dict:
     import torch
 
     from experiments.patching.generate import compare_generation, patched_generate
@@ -223,7 +223,8 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
         else:  # the per-token timers of generate.py synchronize CUDA themselves
             patcher = Patcher(bundle.model, variant, apply)
             if mode == "patched":
-                steps = list(patched_generate(patcher, inputs, tokens + 1))[1:]  # the first step warmed up
+                # the first step warmed up (and, with graphs, recorded the pass)
+                steps = list(patched_generate(patcher, inputs, tokens + 1, graphs=graphs))[1:]
                 times, context = [st.ms for st in steps], [st.context_ms for st in steps]
             else:  # as patch_match runs it: an open loop's patched tensors also through the witness
                 witness = Witness(bundle.model, patcher.adapter.layers, patcher.logit_dtype)
@@ -241,16 +242,23 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
                 parts.update(witness_ms=median([st.witness_ms for st in steps]), query_forward_ms=median(forwards))
     return {"mode": mode, "variant": None if mode == "generate" else variant,
             "apply": None if mode == "generate" else apply, "stock": stock if mode == "generate" else None,
+            "cuda_graphs": graphs if mode == "patched" else None,
             "ms_per_token": median(times),
             "mean_ms": sum(times) / len(times), **parts, "peak_mb": meter.peak_mb(), "after_load_mb": held,
             "threads": torch.get_num_threads(), "device": str(meter.device)}
 
 
-def cases(mode: str, variants: list[str], applies: list[str], stocks: list[str]) -> list[tuple[str, str, str]]:
-    """The (variant, apply, stock) a mode is measured for: stock `generate` once per stock row."""
+def cases(mode: str, variants: list[str], applies: list[str], stocks: list[str],
+          graphs: list[str] = ("off",)) -> list[tuple[str, str, str, str]]:
+    """The (variant, apply, stock, graphs) a mode is measured for: stock `generate` once per stock row, patched
+    generation once per graphs setting (the pass recorded as a CUDA graph, or not)."""
     if mode == "generate":
-        return [(variants[0], applies[0], s) for s in stocks]
-    return [(v, a, "eager") for v in variants for a in applies]
+        return [(variants[0], applies[0], s, "off") for s in stocks]
+    return [(v, a, "eager", g) for v in variants for a in applies for g in (graphs if mode == "patched" else ["off"])]
+
+
+def graph_modes(args: argparse.Namespace) -> list[str]:
+    return getattr(args, "graphs", "off").split(",")
 
 
 def stocks(args: argparse.Namespace) -> list[str]:
@@ -277,10 +285,11 @@ def one_process(args: argparse.Namespace, modes: list[str], variants: list[str])
     meter = Meter(args.device)
     rows = []
     for mode in modes:
-        for variant, apply, stock in cases(mode, variants, args.apply.split(","), stocks(args)):
+        for variant, apply, stock, graphs in cases(mode, variants, args.apply.split(","), stocks(args),
+                                                   graph_modes(args)):
             try:
                 rows.append(measure(mode, bundle, inputs, args.tokens, variant, meter, apply, stock,
-                                    getattr(args, "compile_mode", None)))
+                                    getattr(args, "compile_mode", None), graphs))
             except Exception as err:  # one variant that fails (or runs out of memory) leaves the others
                 rows.append({"mode": mode, "variant": None if mode == "generate" else variant, "apply": apply,
                              "stock": stock if mode == "generate" else None,
@@ -315,10 +324,11 @@ def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> 
     root = Path(__file__).resolve().parents[1]
     rows = []
     for mode in modes:
-        for variant, apply, stock in cases(mode, variants, args.apply.split(","), stocks(args)):
+        for variant, apply, stock, graphs in cases(mode, variants, args.apply.split(","), stocks(args),
+                                                   graph_modes(args)):
             cmd = [sys.executable, __file__, "--mode", mode, "--model", args.model, "--dtype", args.dtype,
                    "--variant", variant, "--apply", apply, "--tokens", str(args.tokens),
-                   "--threads", str(args.threads), "--stock", stock]
+                   "--threads", str(args.threads), "--stock", stock, "--graphs", graphs]
             if args.compile_mode:
                 cmd += ["--compile-mode", args.compile_mode]
             res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
@@ -327,8 +337,12 @@ def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> 
 
 
 def label(r: dict) -> str:
-    """A row's variant column: the stock row's kind (eager, static, compiled), else the variant."""
-    return f"stock {r['stock']}" if r.get("mode") == "generate" else (r.get("variant") or "")
+    """A row's variant column: the stock row's kind (eager, static, compiled), else the variant (+ graph where
+    the patched pass was recorded as a CUDA graph)."""
+    if r.get("mode") == "generate":
+        return f"stock {r['stock']}"
+    graphs = r.get("cuda_graphs")
+    return (r.get("variant") or "") + (f" graphs={graphs}" if graphs not in (None, "off") else "")
 
 
 def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -473,6 +487,9 @@ def main() -> None:
                          "cache; compiled: it and the compiled decoding step)")
     ap.add_argument("--compile-mode", help="torch.compile's mode for the compiled row (default: reduce-overhead on "
                                            "CUDA, default on the CPU)")
+    ap.add_argument("--graphs", default="off",
+                    help="patched mode: the patched pass recorded as a CUDA graph and replayed, any of off,on,auto "
+                         "(each a row; on: CUDA only, refused elsewhere in one line)")
     ap.add_argument("--ops", action="store_true",
                     help="count operations and host reads per token instead of timing (no ratios)")
     ap.add_argument("--json", type=Path, help="also write the rows here (JSON)")
@@ -492,6 +509,11 @@ def main() -> None:
     kinds = a.stock.split(",")
     if not kinds or not set(kinds) <= set(STOCK) or len(set(kinds)) != len(kinds):
         sys.exit(f"--stock: one or more of {', '.join(STOCK)}, each once (got {a.stock})")
+    modes_g = a.graphs.split(",")
+    if not set(modes_g) <= {"off", "on", "auto"} or len(set(modes_g)) != len(modes_g):
+        sys.exit(f"--graphs: one or more of off, on, auto, each once (got {a.graphs})")
+    if "on" in modes_g and not a.device.startswith("cuda"):
+        sys.exit(f"--graphs on: CUDA graphs need a CUDA device (--device {a.device}); off or auto here")
     if a.device.startswith("cuda"):
         import torch
 

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from experiments.patching.kinds import ADVANCE_CONTEXT, ADVANCE_MODES, ADVANCE_PATCHED
 from experiments.patching.patcher import PatchedPass, Patcher
+from experiments.patching.step_graph import Capture, graphed_or_eager
 from experiments.patching.variants import CLOSED, VARIANTS, ClosedLoopLastLayer
 from experiments.patching.witness import Reference, Witness, WitnessPass
 
@@ -184,7 +185,8 @@ class GeneratedToken:
 
 def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
                      choose: Callable[[Tensor], Tensor | int] = lambda logits: logits.argmax(),
-                     stop_ids: set[int] | None = None) -> Iterator[GeneratedToken]:
+                     stop_ids: set[int] | None = None, graphs: str = "off",
+                     capture: Capture | None = None) -> Iterator[GeneratedToken]:
     """Generation by the patched model alone: each token is the patched model's choice, and the query of
     the next step. The with-context pass runs only to give the per-layer targets and to extend its cache
     with that token, so it stops before the LM head (its logits are not needed). Greedy, this emits the
@@ -194,8 +196,10 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
     on the device as the next query, the patched pass's mask is given whole (`Patcher.query_mask`), and the
     passes' statistics and value checks wait on the device until the last token (`Patcher.read_deferred`,
     one read; a failed check raises there). Only `stop_ids` reads each token, to know whether to stop; and
-    the timers synchronize a GPU (they wait, they read nothing)."""
+    the timers synchronize a GPU (they wait, they read nothing). So the patched pass can be recorded once as a
+    CUDA graph and replayed (`graphs`: auto, on, off; `step_graph.py`; `capture` for its tests)."""
     ids = inputs["input_ids"]
+    patched_logits = graphed_or_eager(patcher, graphs, ids.device, capture)
     cache, query = patcher.start(inputs)
     patcher.read_deferred()  # what an abandoned generation left queued is its own: read (and judged) now
     for step in range(max_new_tokens):
@@ -204,7 +208,7 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
         cache = ctx.cache
         context_ms = _ms(t0)
         t0 = _now()
-        token = choose(patcher.patched_pass(query, ctx, defer=True).logits)
+        token = choose(patched_logits(query, ctx))
         token = token if isinstance(token, Tensor) else torch.tensor(token, device=ids.device)
         patch_ms = _ms(t0)
         yield GeneratedToken(step, token, context_ms, patch_ms)

@@ -116,17 +116,18 @@ class PatchedPass:
         device = parts[0].device
         vector = torch.cat([t.to(device).reshape(-1) for t in parts])
         messages = [message for _, message in checks]
+        take = functools.partial(self._take, stat_fields, messages, 2 * len(self._pending))
         if defer is not None:
-            defer.append((functools.partial(self._take, stat_fields, messages), vector))
+            defer.append((take, vector))
             return self
-        return self._take(stat_fields, messages, vector.tolist())
+        return take(vector.tolist())
 
-    def _take(self, stat_fields: list, messages: list[str], values: list[float]) -> PatchedPass:
-        """The read values into the pass: errors, statistics; the first failed check raises."""
+    def _take(self, stat_fields: list, messages: list[str], n: int, values: list[float]) -> PatchedPass:
+        """The read values into the pass: `n` error values (two a layer), the statistics, the checks (the first
+        failed one raises). A recorded pass (step_graph.py) takes each replay's values in turn."""
         failed = [message for message, v in zip(messages, values[len(values) - len(messages):], strict=True) if v]
         if failed:
             raise ValueError(failed[0])
-        n = 2 * len(self._pending)
         self.hidden_linf.extend(values[0:n:2])
         self.hidden_rel.extend(values[1:n:2])
         for (stats, name), value in zip(stat_fields, values[n:n + len(stat_fields)], strict=True):
