@@ -103,8 +103,9 @@ def build(python: str, work: Path, out: Path, experiments: dict[str, str], fake:
 
 def bench(python: str, out: Path, dtype: str, model: str, device: str, fake: bool) -> Step:
     """patch_bench: stock `generate` vs patched generation, every variant, time per token and peak memory, the
-    patched pass eager and recorded as a CUDA graph (`--graphs off,on`; the CPU re-run: eager). Stock eager here; the compiled stock step is a step of its own (`stock_compiled`), so that a failed compile
-    costs no variant's row."""
+    patched step eager and recorded as a CUDA graph (`--graphs off,on`; the CPU re-run: eager). Stock eager
+    here; the compiled stock step is a step of its own (`stock_compiled`), so that a failed compile costs no
+    variant's row."""
 
     def argv(device: str, model: str, tokens: int, name: str) -> list[str]:
         return [python, "benchmarks/patch_bench.py", "--device", device, "--model", model, "--dtype", dtype,

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from experiments.patching.kinds import ADVANCE_CONTEXT, ADVANCE_MODES, ADVANCE_PATCHED
 from experiments.patching.patcher import PatchedPass, Patcher
-from experiments.patching.step_graph import Capture, graphed_or_eager
+from experiments.patching.step_graph import Capture, recorded_step
 from experiments.patching.variants import CLOSED, VARIANTS, ClosedLoopLastLayer
 from experiments.patching.witness import Reference, Witness, WitnessPass
 
@@ -184,35 +184,44 @@ class GeneratedToken:
 
 
 def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
-                     choose: Callable[[Tensor], Tensor | int] = lambda logits: logits.argmax(),
+                     choose: Callable[[Tensor], Tensor | int] | None = None,
                      stop_ids: set[int] | None = None, graphs: str = "off",
                      capture: Capture | None = None) -> Iterator[GeneratedToken]:
-    """Generation by the patched model alone: each token is the patched model's choice, and the query of
-    the next step. The with-context pass runs only to give the per-layer targets and to extend its cache
-    with that token, so it stops before the LM head (its logits are not needed). Greedy, this emits the
-    tokens of the model's own greedy generation with the context wherever the patch is exact.
+    """Generation by the patched model alone: each token is the patched model's choice (greedy unless `choose`
+    says otherwise), and the query of the next step. The with-context pass runs only to give the per-layer
+    targets and to extend its cache with that token, so it stops before the LM head (its logits are not needed).
+    Greedy, this emits the tokens of the model's own greedy generation with the context wherever the patch is
+    exact.
 
     Once warmed, a token reads nothing back to the host (issue 54; a test counts it): the chosen token stays
     on the device as the next query, the patched pass's mask is given whole (`Patcher.query_mask`), and the
     passes' statistics and value checks wait on the device until the last token (`Patcher.read_deferred`,
     one read; a failed check raises there). Only `stop_ids` reads each token, to know whether to stop; and
-    the timers synchronize a GPU (they wait, they read nothing). So the patched pass can be recorded once as a
-    CUDA graph and replayed (`graphs`: auto, on, off; `step_graph.py`; `capture` for its tests)."""
+    the timers synchronize a GPU (they wait, they read nothing). So the whole token (the with-context step on a
+    static KV cache, the patched pass, the greedy choice) can be recorded once as a CUDA graph and replayed
+    (`graphs`: auto, on, off; step_graph.py; `capture` for its tests); its time is then all `patch_ms`."""
     ids = inputs["input_ids"]
-    patched_logits = graphed_or_eager(patcher, graphs, ids.device, capture)
-    cache, query = patcher.start(inputs)
+    if choose is not None and graphs != "off":
+        raise ValueError("graphs: a recorded step chooses greedily; a `choose` of its own runs with graphs=off")
+    choose = choose or (lambda logits: logits.argmax())
     patcher.read_deferred()  # what an abandoned generation left queued is its own: read (and judged) now
+    recorded = recorded_step(patcher, graphs, inputs, max_new_tokens, capture)
+    cache, query = (None, None) if recorded else patcher.start(inputs)
     for step in range(max_new_tokens):
-        t0 = _now()
-        ctx = patcher.context_step({"input_ids": query}, cache, logits=False)
-        cache = ctx.cache
-        context_ms = _ms(t0)
-        t0 = _now()
-        token = choose(patched_logits(query, ctx))
-        token = token if isinstance(token, Tensor) else torch.tensor(token, device=ids.device)
-        patch_ms = _ms(t0)
-        yield GeneratedToken(step, token, context_ms, patch_ms)
+        if recorded:
+            t0 = _now()
+            token = recorded()
+            yield GeneratedToken(step, token, 0.0, _ms(t0))
+        else:
+            t0 = _now()
+            ctx = patcher.context_step({"input_ids": query}, cache, logits=False)
+            cache = ctx.cache
+            context_ms = _ms(t0)
+            t0 = _now()
+            token = choose(patcher.patched_pass(query, ctx, defer=True).logits)
+            token = token if isinstance(token, Tensor) else torch.tensor(token, device=ids.device)
+            yield GeneratedToken(step, token, context_ms, _ms(t0))
+            query = token.reshape(1, 1)
         if stop_ids and int(token) in stop_ids:
             break
-        query = token.reshape(1, 1)
     patcher.read_deferred()

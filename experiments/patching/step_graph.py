@@ -28,20 +28,16 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_flatten, tree_map
 
 from experiments.core.errors import UserError
-from experiments.patching.capture import LayerCapture
-from experiments.patching.patcher import ContextStep
 
 log = logging.getLogger(__name__)
 
 GRAPHS = ("auto", "on", "off")
 WARMUP = 2  # eager runs on a side stream before recording (cuBLAS workspaces, lazy inits), as torch's docs ask
 
-Run = Callable[[], Tensor]
-# (the pass on the static inputs, the patcher's deferred queue) -> (replay, static logits, (take, static vector))
-Capture = Callable[[Run, list], tuple[Callable[[], None], Tensor, tuple]]
+Run = Callable[[], tuple[Tensor, ...]]  # a recorded computation: its outputs, fresh tensors each eager run
+Capture = Callable[[Run], tuple[Callable[[], None], tuple[Tensor, ...]]]  # -> (replay, its static outputs)
 
 
 def why_no_graphs(patcher, device: torch.device) -> str | None:
@@ -71,9 +67,9 @@ def use_graphs(patcher, graphs: str, device: torch.device) -> bool:
     return graphs != "off" and why is None
 
 
-def cuda_capture(run: Run, deferred: list) -> tuple[Callable[[], None], Tensor, tuple]:
-    """Record `run` as a CUDA graph after WARMUP eager runs on a side stream (their deferred values are real
-    ones and stay queued); the recording's own deferred entry is the static vector every replay refills."""
+def cuda_capture(run: Run) -> tuple[Callable[[], None], tuple[Tensor, ...]]:
+    """Record `run` as a CUDA graph, after WARMUP eager runs on a side stream; (replay, the recording's outputs,
+    which every replay rewrites)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -82,84 +78,96 @@ def cuda_capture(run: Run, deferred: list) -> tuple[Callable[[], None], Tensor, 
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        logits = run()
-    return graph.replay, logits, deferred.pop()
+        outputs = run()
+    return graph.replay, outputs
 
 
-def eager_capture(run: Run, deferred: list) -> tuple[Callable[[], None], Tensor, tuple]:
-    """A replay by running the pass again eagerly into the same static outputs, as a graph's replay writes
-    them: the plumbing of `cuda_capture` on any device."""
-    logits = run()
-    take, vector = deferred.pop()
+def eager_capture(run: Run) -> tuple[Callable[[], None], tuple[Tensor, ...]]:
+    """A replay by running `run` again eagerly and writing its outputs into the first run's, as a graph's replay
+    rewrites them: the plumbing of `cuda_capture` on any device."""
+    outputs = run()
 
     def replay() -> None:
-        logits.copy_(run())
-        vector.copy_(deferred.pop()[1])
+        for static, new in zip(outputs, run(), strict=True):
+            static.copy_(new)
 
-    return replay, logits, (take, vector)
+    return replay, outputs
 
 
-class GraphedPass:
-    """`patcher.patched_pass(query, step, defer=True)`'s logits, the pass recorded once and replayed."""
+class GraphedStep:
+    """A whole patched token recorded once: the with-context step on a static KV cache (the query written at
+    `cache_position`, a device tensor), the patched pass, and the greedy choice, which becomes the next query in
+    place; one replay a token, nothing between them but the replay. The prompt is prefilled eagerly into the
+    same cache. The static cache's attention runs over all its slots, the later ones masked: the with-context
+    values are the dynamic cache's to rounding, not bit for bit (float64: 1e-15 on the tiny models)."""
 
-    def __init__(self, patcher, capture: Capture = cuda_capture):
+    def __init__(self, patcher, inputs: dict, max_new_tokens: int, capture: Capture = cuda_capture):
+        from transformers import StaticCache
+
+        from experiments.patching.patcher import _cache_name
+
         self.patcher = patcher
-        self.capture = capture
-        self.static = None  # (query, each layer's target values, each layer's record): the replay's inputs
-        self.replay = None
+        ids = inputs["input_ids"]
+        n = ids.shape[1]
+        self.cache = StaticCache(config=patcher.model.config, max_cache_len=n + max_new_tokens)
+        if n > 1:
+            prefix = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
+                      for k, v in inputs.items()}
+            with torch.no_grad():
+                patcher.model(**prefix, **{_cache_name(patcher.model): self.cache}, use_cache=True, logits_to_keep=1,
+                              cache_position=torch.arange(n - 1, device=ids.device))
+        self.query = ids[:, -1:].clone()
+        self.position = torch.tensor([n - 1], device=ids.device)
+        state = self._device_state()
+        first = [t.clone() for t in state]
+        self.replay, (self.token, self.vector) = capture(self._run)
+        # the warm-up and recording runs wrote the first token's keys and moved the step on: back to the start
+        # (the first replay writes the same cache slot again)
+        torch._foreach_copy_(state, first)
 
-    def __call__(self, query: Tensor, step) -> Tensor:
-        inputs = (query, [t.values for t in step.targets], list(step.record))
-        if self.replay is None:
-            self.static = tree_map(lambda t: t.clone() if isinstance(t, Tensor) else t, inputs)
-            self.replay, self.logits, (self.take, self.vector) = self.capture(self._run, self.patcher._deferred)
-        self._copy_in(inputs)
+    def _device_state(self) -> list[Tensor]:
+        """What a step moves on, in place on the device: the query, its position, and each cache layer's own
+        count of what it holds (transformers from 5.2x keeps the write position in the layer, a device tensor
+        advanced in place, and reads positions from it; earlier ones take `cache_position`)."""
+        counts = [c for layer in getattr(self.cache, "layers", [])
+                  if isinstance(c := getattr(layer, "cumulative_length", None), Tensor)]
+        return [self.query, self.position, *counts]
+
+    def _run(self) -> tuple[Tensor, Tensor]:
+        patcher = self.patcher
+        step = patcher.context_step({"input_ids": self.query, "cache_position": self.position}, self.cache,
+                                    logits=False)
+        token = patcher.patched_pass(self.query, step, defer=True).logits.argmax()
+        self.take, vector = patcher._deferred.pop()
+        self.query.copy_(token.view(1, 1))
+        self.position.add_(1)
+        return token, vector
+
+    def __call__(self) -> Tensor:
+        """The next token (0-d, on the device) of a replay."""
         self.replay()
-        self.patcher._deferred.append((self.take, self.vector.clone()))  # the next replay overwrites it
-        return self.logits
-
-    def _copy_in(self, inputs) -> None:
-        new, spec = tree_flatten(inputs)
-        static, static_spec = tree_flatten(self.static)
-        if spec != static_spec:  # a target that appeared or vanished: the recording no longer fits the step
-            raise RuntimeError("the with-context step's targets changed shape since the pass was recorded")
-        pairs = [(s, n) for s, n in zip(static, new, strict=True) if isinstance(s, Tensor)]
-        torch._foreach_copy_([s for s, _ in pairs], [n for _, n in pairs])
-
-    def _run(self) -> Tensor:
-        query, values, record = self.static
-        step = ContextStep(None, [LayerCapture(v) for v in values], record, None)
-        return self.patcher.patched_pass(query, step, defer=True).logits
+        self.patcher._deferred.append((self.take, self.vector.clone()))
+        return self.token.clone()
 
 
-def graphed_or_eager(patcher, graphs: str, device: torch.device,
-                     capture: Capture | None = None) -> Callable[[Tensor, object], Tensor]:
-    """The patched pass's logits for (query, step): recorded where `graphs` asks and it can, else eager. A
-    recording that fails falls back to the eager pass with one line (graphs=auto), or raises (graphs=on).
-    `capture`: how the pass is recorded; by default a CUDA graph where this device and block allow one
-    (`why_no_graphs`); `eager_capture` runs the same plumbing anywhere (tests)."""
-
-    def eager(query: Tensor, step) -> Tensor:
-        return patcher.patched_pass(query, step, defer=True).logits
-
+def recorded_step(patcher, graphs: str, inputs: dict, max_new_tokens: int,
+                  capture: Capture | None = None) -> GraphedStep | None:
+    """The whole token recorded (`GraphedStep`) where `graphs` asks and it can, else None (the eager loop). A
+    recording that fails gives None with one line (graphs=auto), or raises (graphs=on). `capture`: how it is
+    recorded; by default a CUDA graph where this device and block allow one (`why_no_graphs`);
+    `eager_capture` runs the same plumbing anywhere (tests)."""
     if capture is None:
-        if not use_graphs(patcher, graphs, device):
-            return eager
+        if not use_graphs(patcher, graphs, inputs["input_ids"].device):
+            return None
         capture = cuda_capture
     elif check_graphs(graphs) == "off":
-        return eager
-    graphed = GraphedPass(patcher, capture)
-    state = {"pass": graphed}
-
-    def run(query: Tensor, step) -> Tensor:
-        try:
-            return state["pass"](query, step)
-        except RuntimeError as err:  # torch.cuda's errors are RuntimeErrors
-            if graphs == "on" or state["pass"] is not graphed:
-                raise
-            log.warning("graphs=auto: recording the patched pass failed (%s); the eager pass runs instead",
-                        (str(err).splitlines() or [type(err).__name__])[0])
-            state["pass"] = eager
-            return eager(query, step)
-
-    return run
+        return None
+    try:
+        return GraphedStep(patcher, inputs, max_new_tokens, capture)
+    except RuntimeError as err:  # torch.cuda's errors are RuntimeErrors
+        if graphs == "on":
+            raise
+        log.warning("graphs=auto: recording the patched step failed (%s); the eager step runs instead",
+                    (str(err).splitlines() or [type(err).__name__])[0])
+        patcher._deferred.clear()  # what the failed recording left is no token's
+        return None

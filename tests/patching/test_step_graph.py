@@ -1,8 +1,10 @@
-"""The patched pass recorded once and replayed (experiments/patching/step_graph.py). No GPU here: `eager_capture`
-replays by running the pass again into the same static outputs, so what a CUDA graph's replay depends on is held
-on the CPU: every input reaches the pass through its static buffer (the logits, tokens and deferred statistics
-are the eager path's, bit for bit, in float64), the outputs are the static ones, nothing is read back to the host.
-The recording itself needs a GPU (`pytest -m gpu`, and patch_bench --graphs on in the GPU check)."""
+"""A whole patched token recorded once and replayed (experiments/patching/step_graph.py): the with-context step on
+a static KV cache, the patched pass, the greedy choice written back as the next query. No GPU here:
+`eager_capture` replays by running the step again and writing its outputs into the first run's, so what a CUDA
+graph's replay depends on is held on the CPU: the step advances by its own device state alone (query, cache
+position), the recording's warm-up leaves no trace, the outputs are the static ones, nothing is read back to the
+host, and the tokens are the eager dynamic-cache path's in float64. The recording itself needs a GPU (`pytest -m
+gpu`, and patch_bench --graphs on in the GPU check)."""
 
 from __future__ import annotations
 
@@ -36,26 +38,26 @@ def test_a_replayed_pass_gives_the_eager_tokens(name, variant):
     assert replayed == eager and len(eager) == 5
 
 
-def test_each_replay_reads_its_own_inputs():
-    """The control: a recording that keeps its first token's targets (no copy into the static buffers) gives
-    other logits on the next tokens, so the check above can fail."""
+def test_the_replayed_step_is_the_eager_static_cache_step():
+    """The recorded step against the same step run eagerly on its own static cache (no recording, no replay):
+    the same tokens, and each layer's error against the record (float64 rounding in size) the same to rounding
+    (two patchers' buffers sit at other addresses, and MKL's products depend on alignment; naive's Δm on a
+    post-norm block divides by near-zero outputs, so its statistics are not compared);
+    and a recording whose replay did not move the query on (a fault) repeats itself, so the check can fail."""
     model = _model("tiny-gemma3")
-    patcher = Patcher(model, "naive")
-    cache, query = patcher.start({"input_ids": IDS})
-    graphed = step_graph.GraphedPass(patcher, step_graph.eager_capture)
-    steps = []
-    for _ in range(3):
-        step = patcher.context_step({"input_ids": query}, cache)
-        cache = step.cache
-        steps.append(step)
-        assert torch.equal(graphed(query, step), patcher.patched_pass(query, step, defer=True).logits)
-        eager_values, replayed_values = patcher._deferred[-1][1], patcher._deferred[-2][1]
-        assert torch.equal(replayed_values, eager_values)  # per-layer errors, statistics, checks: the same bits
-        query = graphed.logits.argmax().reshape(1, 1)
-    graphed._copy_in = lambda inputs: None  # a fault: the static buffers keep the last token's inputs
-    step = patcher.context_step({"input_ids": query}, cache)
-    assert not torch.equal(graphed(query, step), patcher.patched_pass(query, step).logits)
-    patcher.read_deferred()
+    replayed = step_graph.GraphedStep(Patcher(model, "naive"), {"input_ids": IDS}, 4, step_graph.eager_capture)
+    plain = step_graph.GraphedStep(Patcher(model, "naive"), {"input_ids": IDS}, 4,
+                                   lambda run: (lambda: None, (torch.zeros((), dtype=torch.long), torch.zeros(1))))
+    for _ in range(4):
+        token = replayed()
+        want, vector = plain._run()
+        assert torch.equal(token, want)
+        errors = 2 * len(replayed.patcher.layers)  # the vector's head: each layer's error against the record
+        assert (replayed.vector[:errors] - vector[:errors]).abs().max() < 1e-10  # both ~1e-13: rounding
+    stuck = step_graph.GraphedStep(Patcher(model, "naive"), {"input_ids": IDS}, 4, step_graph.eager_capture)
+    stuck.query.copy_ = lambda t: stuck.query  # the fault: the chosen token never becomes the next query
+    tokens = [int(stuck()) for _ in range(3)]
+    assert tokens != _tokens(model, "naive")[:3]
 
 
 def test_a_replayed_token_reads_nothing_back():
@@ -77,6 +79,12 @@ def test_a_failed_check_of_a_replay_still_raises():
     vector[-1] = 1.0  # the last value is a check's flag (y = 0, say): set, as a zero input would set it
     with pytest.raises(ValueError, match="is undefined"):
         list(run)
+
+
+def test_a_recorded_step_chooses_greedily():
+    patcher = Patcher(_model("tiny-llama"), "naive")
+    with pytest.raises(ValueError, match="chooses greedily"):
+        list(patched_generate(patcher, {"input_ids": IDS}, 2, choose=lambda logits: 0, graphs="auto"))
 
 
 @pytest.mark.parametrize(("graphs", "refused"), [("on", "graphs=on: CUDA graphs need a CUDA device"),
