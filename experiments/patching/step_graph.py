@@ -1,24 +1,23 @@
-"""The patched pass as one CUDA graph, replayed token after token (issue 54: a token at the GPU's speed).
+"""A whole patched token as one CUDA graph, replayed token after token (issue 54: a token at the GPU's speed).
 
-A patched token's work is thousands of small operations (the patches of every layer, then the model's own
-forward of the query alone), each a kernel launch from Python: on an H200 the time is the host's per-operation
-cost, not the card's (docs/benchmarks.md). The pass has a fixed shape (the query alone, no cache) and, once its
-mask is given whole and its statistics wait on the device (`Patcher.query_mask`, `patched_pass(defer=True)`),
-it reads nothing back to the host; so it can be recorded once as a CUDA graph and replayed: one launch a token.
+A patched token's work is thousands of small operations (the with-context step, the patches of every layer, the
+model's own forward of the query alone), each a kernel launch from Python: on an H200 the time is the host's
+per-operation cost, not the card's (docs/benchmarks.md). Once nothing of it is read back to the host (the query-
+alone pass's mask given whole, its statistics and checks left on the device: `Patcher.query_mask`,
+`patched_pass(defer=True)`) and the with-context step runs on a static KV cache, a token has fixed shapes and
+fixed addresses, and depends on the one before only through device state (the query, the cache and its write
+position). So it is recorded once (`GraphedStep`) and replayed: one launch a token; the greedy choice is written
+back as the next query inside the recording.
 
-What changes from one token to the next are the pass's inputs only: the query token and the with-context
-step's per-layer targets and record. They are copied into static buffers (one `_foreach_copy_`) before each
-replay; the pass reads them there, and its logits and its deferred values land in static outputs, which are
-cloned where they must outlive the next replay. The with-context step stays eager (its KV cache grows).
-
-`capture` is how the pass is recorded: `cuda_capture` on a GPU; `eager_capture` runs the same plumbing on any
-device by re-running the pass eagerly into the same static outputs, so a CPU test holds what a GPU's replay
-depends on (every input reaches the pass through its static buffer, the outputs are the static ones, no read
-back to the host), though not the recording itself, which only a GPU can do.
+`capture` is how the step is recorded: `cuda_capture` on a GPU; `eager_capture` runs the same plumbing on any
+device by running the step again eagerly into the same static outputs, so a CPU test holds what a GPU's replay
+depends on (the step moves on by its own device state alone, the recording's warm-up leaves no trace, the outputs
+are the static ones, nothing is read back to the host), though not the recording itself, which only a GPU can do.
 
 `graphs=auto` records where it can: a CUDA device, and a block without a router (an MoE's expert dispatch reads
 which experts fired back to the host, which a graph cannot hold); a recording that fails falls back to the eager
-pass with one line. `graphs=on` refuses, in one line, where it cannot.
+step with one line (GPT-2's forward, for one, checks its input for padding on the host). `graphs=on` refuses, in
+one line, where it cannot.
 """
 
 from __future__ import annotations
@@ -95,11 +94,12 @@ def eager_capture(run: Run) -> tuple[Callable[[], None], tuple[Tensor, ...]]:
 
 
 class GraphedStep:
-    """A whole patched token recorded once: the with-context step on a static KV cache (the query written at
-    `cache_position`, a device tensor), the patched pass, and the greedy choice, which becomes the next query in
-    place; one replay a token, nothing between them but the replay. The prompt is prefilled eagerly into the
-    same cache. The static cache's attention runs over all its slots, the later ones masked: the with-context
-    values are the dynamic cache's to rounding, not bit for bit (float64: 1e-15 on the tiny models)."""
+    """A whole patched token recorded once: the with-context step on a static KV cache, the patched pass, and the
+    greedy choice, which becomes the next query in place; one replay a token, nothing between them but the
+    replay. The prompt is prefilled eagerly into the same cache, which holds WARMUP slots more than the tokens
+    asked for (the recording's warm-up runs write ahead before the state is put back). The static cache's
+    attention runs over all its slots, the later ones masked: the with-context values are the dynamic cache's
+    to rounding, not bit for bit (float64: 1e-15 on the tiny models)."""
 
     def __init__(self, patcher, inputs: dict, max_new_tokens: int, capture: Capture = cuda_capture):
         from transformers import StaticCache
@@ -109,7 +109,7 @@ class GraphedStep:
         self.patcher = patcher
         ids = inputs["input_ids"]
         n = ids.shape[1]
-        self.cache = StaticCache(config=patcher.model.config, max_cache_len=n + max_new_tokens)
+        self.cache = StaticCache(config=patcher.model.config, max_cache_len=n + max_new_tokens + WARMUP)
         if n > 1:
             prefix = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
                       for k, v in inputs.items()}
@@ -161,6 +161,8 @@ def recorded_step(patcher, graphs: str, inputs: dict, max_new_tokens: int,
             return None
         capture = cuda_capture
     elif check_graphs(graphs) == "off":
+        return None
+    if max_new_tokens < 1:
         return None
     try:
         return GraphedStep(patcher, inputs, max_new_tokens, capture)
