@@ -76,6 +76,11 @@ def scaled(phase: plan.Phase, factor: float) -> plan.Phase:
                    lanes=[[replace(s, timeout_s=s.timeout_s * factor) for s in lane] for lane in phase.lanes])
 
 
+def longest_lane(phase: plan.Phase) -> float:
+    """The seconds of the phase's longest lane, its steps' timeouts added up."""
+    return max((sum(s.timeout_s for s in lane) for lane in phase.lanes), default=1.0) or 1.0
+
+
 def _terminated(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -115,9 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         experiments, tiny = listing(python, env)
         wanted = args.phases.split(",")
         built = plan.build(python, work, out, experiments, args.fake, tiny)
-        # alone, a phase has the whole budget (its cap is for sharing it)
-        phases = [scaled(p if len(wanted) > 1 else replace(p, cap_s=None), max(1.0, args.budget / BUDGET_S))
-                  for p in built if p.name in wanted]
+        phases = [p for p in built if p.name in wanted]
+        if len(phases) == 1:  # alone, a phase has the whole budget: no cap, its steps' timeouts grown to fill it
+            phases = [scaled(replace(phases[0], cap_s=None), max(1.0, args.budget / longest_lane(phases[0])))]
+        else:
+            phases = [scaled(p, max(1.0, args.budget / BUDGET_S)) for p in phases]
         deadline = Deadline(args.budget)
         for phase in phases:
             phase = dry(phase, python) if args.dry else phase

@@ -170,3 +170,15 @@ def test_the_timings_alone(tmp_path):
                    "34_gpt_wq_paper"}
     bad = check("--fake", "--dry", "--phases", "timing", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "--phases: no phase timing" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_a_phase_alone_fills_the_budget():
+    """`--phases timings --budget 540`: the timings' steps (60 + 60 + 100 + 130 s as planned) grow in proportion
+    to fill the 540 s, which the 2026-11-28 H200 check's compile steps needed."""
+    from benchmarks.gpu_check.driver import longest_lane
+
+    experiments = {"linreg_icl": "dherin"}
+    timings = next(p for p in plan.build("python3", Path("/tmp"), Path("/tmp/out"), experiments, fake=False)
+                   if p.name == "timings")
+    assert longest_lane(timings) == sum(s.timeout_s for s in timings.lanes[0])
+    assert 540 / longest_lane(timings) > 1.5  # the compile step gets over 150 s alone
