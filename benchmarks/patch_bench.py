@@ -122,6 +122,40 @@ def bench_device(name: str):
     return use_device(torch.device(name))
 
 
+def gemma3_27b_config():
+    """google/gemma-3-27b-it's text model, as its config.json gives the shape (62 layers, d 5376, MLP 21,504, 32
+    heads of 128, 16 KV heads; 27B parameters): the largest Gemma 3 shape, for the timings a card can hold."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        vocab_size=262208, hidden_size=5376, intermediate_size=21504, num_hidden_layers=62,
+        num_attention_heads=32, num_key_value_heads=16, head_dim=128, query_pre_attn_scalar=168,
+        sliding_window=1024, sliding_window_pattern=6, max_position_embeddings=131072,
+        rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
+        rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", pad_token_id=0, eos_token_id=[1, 106],
+        bos_token_id=2)
+
+
+# Shapes built here, on the device, in the run's dtype (no float32 copy on the host: a 27B one would be 108 GB),
+# weights as transformers initializes them (N(0, 0.02²) matrices, Gemma's norm scales 1): for timings only.
+SHAPES = {"gemma3-27b-shape": gemma3_27b_config}
+
+
+def build_shape(name: str, config, dtype, device):
+    """A causal LM of `config`'s shape built straight on `device` in `dtype`, as a bundle with the byte tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from experiments.zoo.bundle import ModelBundle
+    from experiments.zoo.loading import check_fits
+    from experiments.zoo.tokenizer import byte_tokenizer
+
+    check_fits(name, config, dtype, device)  # one line, before anything is allocated
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return ModelBundle(name, model.eval(), byte_tokenizer(), is_random=True)
+
+
 def load(model_name: str, dtype_name: str, device: str, threads: int):
     import gc
 
@@ -134,7 +168,10 @@ def load(model_name: str, dtype_name: str, device: str, threads: int):
     from experiments.zoo.prompts import encode_prompt
 
     dev = bench_device(device)
-    bundle = load_checked(model_name, resolve_dtype(dtype_name), dev, seed=0)
+    if model_name in SHAPES:
+        bundle = build_shape(model_name, SHAPES[model_name](), resolve_dtype(dtype_name), dev)
+    else:
+        bundle = load_checked(model_name, resolve_dtype(dtype_name), dev, seed=0)
     inputs = encode_prompt(bundle, PROMPT, device=dev)
     gc.collect()
     return bundle, inputs
@@ -519,6 +556,15 @@ def main() -> None:
 
         if not torch.cuda.is_available():
             sys.exit("--device cuda: no CUDA device (torch.cuda.is_available() is False)")
+    if a.model in SHAPES:  # a shape built here: refused in one line where it cannot fit, before anything starts
+        from experiments.core.errors import UserError
+        from experiments.core.runtime import resolve_dtype
+        from experiments.zoo.loading import check_fits
+
+        try:
+            check_fits(a.model, SHAPES[a.model](), resolve_dtype(a.dtype), a.device)
+        except UserError as err:
+            sys.exit(str(err))
     if a.ops:
         rows = count_all(a, variants)
         print_ops(a, rows)

@@ -96,7 +96,8 @@ def build(python: str, work: Path, out: Path, experiments: dict[str, str], fake:
     # most wanted first (a phase past its cap skips what is left): the compiled stock step and gpt_wq's MFU at
     # the paper's shape have never been measured on a GPU; the variants' rows have (docs/benchmarks.md)
     timings = [stock_compiled(python, out, big, device, fake), gpt_wq_paper(python, fake),
-               *(bench(python, out, dtype, big, device, fake) for dtype in ("bfloat16", "float32"))]
+               *(bench(python, out, dtype, big, device, fake) for dtype in ("bfloat16", "float32")),
+               largest(python, out, device, fake)]
     return [Phase("functional", [probe, *smoke, chain, [gpt_wq(python, work, fake)]], FUNCTIONAL_S),
             Phase("timings", [timings], TIMINGS_S)]
 
@@ -126,7 +127,7 @@ def stock_compiled(python: str, out: Path, model: str, device: str, fake: bool) 
     argv = [python, "benchmarks/patch_bench.py", "--device", device, "--model", model, "--dtype", "bfloat16",
             "--modes", "generate", "--stock", stock, "--tokens", "3" if fake else "32",
             "--json", str(out / "bench" / "stock_bfloat16.json")]
-    return Step("33_stock_compiled_bfloat16", f"stock generate on {model} in bfloat16: {stock} (ms/token)", argv, 100)
+    return Step("33_stock_compiled_bfloat16", f"stock generate on {model} in bfloat16: {stock} (ms/token)", argv, 150)
 
 
 def gpt_wq_paper(python: str, fake: bool) -> Step:
@@ -136,7 +137,20 @@ def gpt_wq_paper(python: str, fake: bool) -> Step:
         if fake else ["--paper", "--steps", "8", "--warmup", "2"]
     argv = [python, "benchmarks/gpt_wq_bench.py", *shape, "--rounds", "1",
             "--variants", "baseline_124m,wq_identity_117m"]
-    return Step("34_gpt_wq_paper", "gpt_wq_bench --paper: GPT-2 124M's shape, compiled, bf16: tokens/s, MFU", argv, 130)
+    return Step("34_gpt_wq_paper", "gpt_wq_bench --paper: GPT-2 124M's shape, compiled, bf16: tokens/s, MFU", argv, 150)
+
+
+def largest(python: str, out: Path, device: str, fake: bool) -> Step:
+    """The largest Gemma 3 shape an H200 holds in bfloat16 with an open loop's patched matrices beside it
+    (Gemma 3 27B: 54 GB of weights, 43 GB of patched MLP matrices), built on the card (patch_bench's
+    `gemma3-27b-shape`): stock eager against naive and closed_loop, eager and recorded (the fake check: the tiny
+    model)."""
+    model = TINY_MODEL if fake else "gemma3-27b-shape"
+    argv = [python, "benchmarks/patch_bench.py", "--device", device, "--model", model, "--dtype", "bfloat16",
+            "--variant", "naive,closed_loop", "--modes", "generate,patched", "--tokens", "3" if fake else "4",
+            "--stock", "eager", "--graphs", "off" if device == "cpu" else "off,on",
+            "--json", str(out / "bench" / "largest_bfloat16.json")]
+    return Step("35_patch_bench_largest_bfloat16", f"patched vs stock generation on {model} in bfloat16", argv, 120)
 
 
 def gpt_wq(python: str, work: Path, fake: bool) -> Step:

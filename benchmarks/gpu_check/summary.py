@@ -158,7 +158,9 @@ def bench_table(name: str, b: dict) -> list[str]:
         if "error" in r:
             lines.append(f"| {r['mode']} | {r.get('variant')} | {r['error']} | | | |")
         else:
-            variant = f"stock {r['stock']}" if r.get("stock") else r.get("variant") or ""
+            graphs = r.get("cuda_graphs")  # the patched step recorded as a CUDA graph (patch_bench --graphs)
+            variant = (f"stock {r['stock']}" if r.get("stock") else
+                       (r.get("variant") or "") + (f" graphs={graphs}" if graphs not in (None, "off") else ""))
             lines.append(f"| {r['mode']} | {variant} | {r['ms_per_token']:.1f} | "
                          f"{r['ms_per_token'] / stock['ms_per_token']:.2f} | {r['peak_mb']:.0f} | "
                          f"{r['peak_mb'] / stock['peak_mb']:.2f} |")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 import torch
 
 from benchmarks import patch_bench
@@ -130,3 +131,26 @@ def test_ops_per_token_for_stock_and_every_variant():
     for r in rows[2:]:
         assert 0 < r["context_ops"] < r["ops_per_token"]
         assert r["host_reads_per_token"] == 0  # the token stays on the device; the statistics wait for the end
+
+
+def test_a_shape_is_built_on_the_device_in_its_dtype_and_timed(monkeypatch):
+    """`--model gemma3-27b-shape` builds the model straight on the device in the run's dtype (no float32 copy on the
+    host: 27B would be 108 GB there). Here the same builder on a tiny Gemma 3 shape, bfloat16 on the CPU: every
+    parameter bfloat16 from the start, and the rows run; a shape the memory cannot hold is refused in one line
+    before anything is allocated."""
+    from experiments.core.errors import UserError
+    from experiments.zoo.gemma import tiny_text_config
+    from experiments.zoo.tokenizer import byte_tokenizer
+
+    tiny = tiny_text_config(len(byte_tokenizer()))
+    monkeypatch.setitem(patch_bench.SHAPES, "tiny-shape", lambda: tiny)
+    bundle, _ = patch_bench.load("tiny-shape", "bfloat16", "cpu", 1)
+    assert {p.dtype for p in bundle.model.parameters()} == {torch.bfloat16}
+    args = argparse.Namespace(model="tiny-shape", dtype="bfloat16", device="cpu", threads=1, tokens=2,
+                              apply="materialized")
+    rows = patch_bench.one_process(args, ["generate", "patched"], ["naive"])
+    assert all("error" not in r and r["ms_per_token"] > 0 for r in rows)
+    assert patch_bench.gemma3_27b_config().num_hidden_layers == 62
+    monkeypatch.setattr("experiments.zoo.loading.available_bytes", lambda device: 2**30)
+    with pytest.raises(UserError, match="27.*B parameters.*1.0 GiB is available"):
+        patch_bench.build_shape("gemma3-27b-shape", patch_bench.gemma3_27b_config(), torch.bfloat16, "cpu")
