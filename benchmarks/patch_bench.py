@@ -260,7 +260,7 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
         else:  # the per-token timers of generate.py synchronize CUDA themselves
             patcher = Patcher(bundle.model, variant, apply)
             if mode == "patched":
-                # the first step warmed up (and, with graphs, recorded the pass)
+                # the first step warmed up (with graphs, the step was recorded before it)
                 steps = list(patched_generate(patcher, inputs, tokens + 1, graphs=graphs))[1:]
                 times, context = [st.ms for st in steps], [st.context_ms for st in steps]
             else:  # as patch_match runs it: an open loop's patched tensors also through the witness
@@ -288,7 +288,7 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
 def cases(mode: str, variants: list[str], applies: list[str], stocks: list[str],
           graphs: list[str] = ("off",)) -> list[tuple[str, str, str, str]]:
     """The (variant, apply, stock, graphs) a mode is measured for: stock `generate` once per stock row, patched
-    generation once per graphs setting (the pass recorded as a CUDA graph, or not)."""
+    generation once per graphs setting (the step recorded as a CUDA graph, or not)."""
     if mode == "generate":
         return [(variants[0], applies[0], s, "off") for s in stocks]
     return [(v, a, "eager", g) for v in variants for a in applies for g in (graphs if mode == "patched" else ["off"])]
@@ -374,8 +374,8 @@ def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> 
 
 
 def label(r: dict) -> str:
-    """A row's variant column: the stock row's kind (eager, static, compiled), else the variant (+ graph where
-    the patched pass was recorded as a CUDA graph)."""
+    """A row's variant column: the stock row's kind (eager, static, compiled), else the variant (+ graphs= where
+    the patched step was recorded as a CUDA graph)."""
     if r.get("mode") == "generate":
         return f"stock {r['stock']}"
     graphs = r.get("cuda_graphs")
@@ -525,8 +525,8 @@ def main() -> None:
     ap.add_argument("--compile-mode", help="torch.compile's mode for the compiled row (default: reduce-overhead on "
                                            "CUDA, default on the CPU)")
     ap.add_argument("--graphs", default="off",
-                    help="patched mode: the patched pass recorded as a CUDA graph and replayed, any of off,on,auto "
-                         "(each a row; on: CUDA only, refused elsewhere in one line)")
+                    help="patched mode: the whole patched token recorded as a CUDA graph and replayed, any of "
+                         "off,on,auto (each a row; on: CUDA only, refused elsewhere in one line)")
     ap.add_argument("--ops", action="store_true",
                     help="count operations and host reads per token instead of timing (no ratios)")
     ap.add_argument("--json", type=Path, help="also write the rows here (JSON)")
@@ -546,9 +546,11 @@ def main() -> None:
     kinds = a.stock.split(",")
     if not kinds or not set(kinds) <= set(STOCK) or len(set(kinds)) != len(kinds):
         sys.exit(f"--stock: one or more of {', '.join(STOCK)}, each once (got {a.stock})")
+    from experiments.patching.step_graph import GRAPHS
+
     modes_g = a.graphs.split(",")
-    if not set(modes_g) <= {"off", "on", "auto"} or len(set(modes_g)) != len(modes_g):
-        sys.exit(f"--graphs: one or more of off, on, auto, each once (got {a.graphs})")
+    if not set(modes_g) <= set(GRAPHS) or len(set(modes_g)) != len(modes_g):
+        sys.exit(f"--graphs: one or more of {', '.join(GRAPHS)}, each once (got {a.graphs})")
     if "on" in modes_g and not a.device.startswith("cuda"):
         sys.exit(f"--graphs on: CUDA graphs need a CUDA device (--device {a.device}); off or auto here")
     if a.device.startswith("cuda"):
