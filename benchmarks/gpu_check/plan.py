@@ -111,12 +111,17 @@ def bench(python: str, out: Path, dtype: str, model: str, device: str, fake: boo
     def argv(device: str, model: str, tokens: int, name: str) -> list[str]:
         return [python, "benchmarks/patch_bench.py", "--device", device, "--model", model, "--dtype", dtype,
                 "--variant", "all", "--modes", "generate,patched", "--tokens", str(tokens), "--stock", "eager",
-                "--graphs", "off" if device == "cpu" else "off,on", "--json", str(out / "bench" / f"{name}.json")]
+                "--graphs", graph_rows(device), "--json", str(out / "bench" / f"{name}.json")]
 
     return Step(f"3{1 if dtype == 'float32' else 2}_patch_bench_{dtype}",
                 f"patched vs stock generation on {model} in {dtype}, every variant (ms/token, peak memory)",
                 argv(device, model, 3 if fake else 8, f"patch_{dtype}"), 60,
                 cpu_argv=argv("cpu", TINY_MODEL, 3, f"patch_{dtype}_cpu"))
+
+
+def graph_rows(device: str) -> str:
+    """patch_bench's --graphs: the patched step eager and recorded as a CUDA graph on a GPU; eager on the CPU."""
+    return "off" if device == "cpu" else "off,on"
 
 
 def stock_compiled(python: str, out: Path, model: str, device: str, fake: bool) -> Step:
@@ -148,7 +153,7 @@ def largest(python: str, out: Path, device: str, fake: bool) -> Step:
     model = TINY_MODEL if fake else "gemma3-27b-shape"
     argv = [python, "benchmarks/patch_bench.py", "--device", device, "--model", model, "--dtype", "bfloat16",
             "--variant", "naive,closed_loop", "--modes", "generate,patched", "--tokens", "3" if fake else "4",
-            "--stock", "eager", "--graphs", "off" if device == "cpu" else "off,on",
+            "--stock", "eager", "--graphs", graph_rows(device),
             "--json", str(out / "bench" / "largest_bfloat16.json")]
     return Step("35_patch_bench_largest_bfloat16", f"patched vs stock generation on {model} in bfloat16", argv, 120)
 

@@ -242,17 +242,24 @@ class Patcher:
 
     # -- the with-context side ----------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, inputs: dict):
-        return getattr(self.model(**inputs, use_cache=True, logits_to_keep=1), _cache_name(self.model))
+    def prefill(self, inputs: dict, cache=None, **kwargs):
+        """The with-context cache of `inputs` (a fresh dynamic one, or filled into `cache`, e.g. a static one)."""
+        name = _cache_name(self.model)
+        given = {} if cache is None else {name: cache}
+        return getattr(self.model(**inputs, **given, use_cache=True, logits_to_keep=1, **kwargs), name)
+
+    @staticmethod
+    def prompt_prefix(inputs: dict) -> dict:
+        """Every prompt token but the last, the first query: per-token inputs (ids, mask, token types) lose their
+        last position; the rest (an image's pixels) stays whole."""
+        return {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
+                for k, v in inputs.items()}
 
     def start(self, inputs: dict) -> tuple[object, Tensor]:
         """Where every comparison starts: the with-context cache of every prompt token but the last (None for
-        a one-token prompt), and that last token, the first query. Per-token inputs (ids, mask, token types)
-        lose their last position; the rest (an image's pixels) goes to the prefill whole."""
+        a one-token prompt, `prompt_prefix`), and that last token, the first query."""
         ids = inputs["input_ids"]
-        prefix = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
-                  for k, v in inputs.items()}
-        return (self.prefill(prefix) if ids.shape[1] > 1 else None), ids[:, -1:]
+        return (self.prefill(self.prompt_prefix(inputs)) if ids.shape[1] > 1 else None), ids[:, -1:]
 
     @torch.no_grad()
     def context_step(self, inputs: dict, cache, logits: bool = True) -> ContextStep:

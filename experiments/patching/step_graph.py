@@ -104,18 +104,13 @@ class GraphedStep:
     def __init__(self, patcher, inputs: dict, max_new_tokens: int, capture: Capture = cuda_capture):
         from transformers import StaticCache
 
-        from experiments.patching.patcher import _cache_name
-
         self.patcher = patcher
         ids = inputs["input_ids"]
         n = ids.shape[1]
         self.cache = StaticCache(config=patcher.model.config, max_cache_len=n + max_new_tokens + WARMUP)
         if n > 1:
-            prefix = {k: (v[:, :-1] if k in ("input_ids", "attention_mask", "token_type_ids") else v)
-                      for k, v in inputs.items()}
-            with torch.no_grad():
-                patcher.model(**prefix, **{_cache_name(patcher.model): self.cache}, use_cache=True, logits_to_keep=1,
-                              cache_position=torch.arange(n - 1, device=ids.device))
+            patcher.prefill(patcher.prompt_prefix(inputs), self.cache,
+                            cache_position=torch.arange(n - 1, device=ids.device))
         self.query = ids[:, -1:].clone()
         self.position = torch.tensor([n - 1], device=ids.device)
         state = self._device_state()

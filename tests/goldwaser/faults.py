@@ -122,9 +122,9 @@ def inject(monkeypatch, fault: str) -> None:
     elif fault == "other_context_targets":  # the solver's targets from another context, the same query
         prefill, step = Patcher.prefill, Patcher.context_step
 
-        def prefill_both(self, inputs):
+        def prefill_both(self, inputs, *args, **kwargs):
             self._fault_other = prefill(self, _other_inputs(inputs))
-            return prefill(self, inputs)
+            return prefill(self, inputs, *args, **kwargs)
 
         def step_other_targets(self, inputs, cache, *args, **kwargs):
             honest = step(self, inputs, cache, *args, **kwargs)
@@ -136,7 +136,8 @@ def inject(monkeypatch, fault: str) -> None:
         monkeypatch.setattr(Patcher, "context_step", step_other_targets)
     elif fault == "prefilled_other_prompt":
         prefill = Patcher.prefill
-        monkeypatch.setattr(Patcher, "prefill", lambda self, inputs: prefill(self, _other_inputs(inputs)))
+        monkeypatch.setattr(Patcher, "prefill", lambda self, inputs, *args, **kwargs:
+                            prefill(self, _other_inputs(inputs), *args, **kwargs))
     elif fault == "replayed_input":  # teacher forcing: the recorded with-context input instead of the pass's own
         forward = closed_loop.patched_layer_forward
         monkeypatch.setattr(closed_loop, "patched_layer_forward",
