@@ -221,7 +221,8 @@ def compile_unavailable(device) -> str | None:
 
 
 def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, apply: str = "materialized",
-            stock: str = "eager", compile_as: str | None = None, graphs: str = "off") -> dict:
+            stock: str = "eager", compile_as: str | None = None, graphs: str = "off",
+            batch_layers: str = "auto", step_compile: str = "off") -> dict:
     import torch
 
     from experiments.patching.generate import compare_generation, patched_generate
@@ -258,10 +259,10 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
                 torch._dynamo.reset()  # on CUDA the next rows share this process: no compiled step (nor its
                 bundle.model.__dict__.pop("_compiled_call", None)  # CUDA graphs' memory) is left to them
         else:  # the per-token timers of generate.py synchronize CUDA themselves
-            patcher = Patcher(bundle.model, variant, apply)
+            patcher = Patcher(bundle.model, variant, apply, batch_layers=batch_layers)
             if mode == "patched":
                 # the first step warmed up (with graphs, the step was recorded before it)
-                steps = list(patched_generate(patcher, inputs, tokens + 1, graphs=graphs))[1:]
+                steps = list(patched_generate(patcher, inputs, tokens + 1, graphs=graphs, compile=step_compile))[1:]
                 times, context = [st.ms for st in steps], [st.context_ms for st in steps]
             else:  # as patch_match runs it: an open loop's patched tensors also through the witness
                 witness = Witness(bundle.model, patcher.adapter.layers, patcher.logit_dtype)
@@ -280,6 +281,8 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
     return {"mode": mode, "variant": None if mode == "generate" else variant,
             "apply": None if mode == "generate" else apply, "stock": stock if mode == "generate" else None,
             "cuda_graphs": graphs if mode == "patched" else None,
+            "batch_layers": None if mode == "generate" else patcher.layer_stack is not None,
+            "step_compile": step_compile if mode == "patched" else None,
             "ms_per_token": median(times),
             "mean_ms": sum(times) / len(times), **parts, "peak_mb": meter.peak_mb(), "after_load_mb": held,
             "threads": torch.get_num_threads(), "device": str(meter.device)}
@@ -326,7 +329,8 @@ def one_process(args: argparse.Namespace, modes: list[str], variants: list[str])
                                                    graph_modes(args)):
             try:
                 rows.append(measure(mode, bundle, inputs, args.tokens, variant, meter, apply, stock,
-                                    getattr(args, "compile_mode", None), graphs))
+                                    getattr(args, "compile_mode", None), graphs, args.batch_layers,
+                                    args.step_compile))
             except Exception as err:  # one variant that fails (or runs out of memory) leaves the others
                 rows.append({"mode": mode, "variant": None if mode == "generate" else variant, "apply": apply,
                              "stock": stock if mode == "generate" else None,
@@ -365,7 +369,8 @@ def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> 
                                                    graph_modes(args)):
             cmd = [sys.executable, __file__, "--mode", mode, "--model", args.model, "--dtype", args.dtype,
                    "--variant", variant, "--apply", apply, "--tokens", str(args.tokens),
-                   "--threads", str(args.threads), "--stock", stock, "--graphs", graphs]
+                   "--threads", str(args.threads), "--stock", stock, "--graphs", graphs,
+                   "--batch-layers", args.batch_layers, "--step-compile", args.step_compile]
             if args.compile_mode:
                 cmd += ["--compile-mode", args.compile_mode]
             res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
@@ -374,12 +379,14 @@ def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> 
 
 
 def label(r: dict) -> str:
-    """A row's variant column: the stock row's kind (eager, static, compiled), else the variant (+ graphs= where
-    the patched step was recorded as a CUDA graph)."""
+    """A row's variant column: the stock row's kind (eager, static, compiled), else the variant (+ batched where its
+    layers' input matrices were patched at once, graphs= where the patched step was recorded as a CUDA graph)."""
     if r.get("mode") == "generate":
         return f"stock {r['stock']}"
     graphs = r.get("cuda_graphs")
-    return (r.get("variant") or "") + (f" graphs={graphs}" if graphs not in (None, "off") else "")
+    return ((r.get("variant") or "") + (" batched" if r.get("batch_layers") else "")
+            + (f" graphs={graphs}" if graphs not in (None, "off") else "")
+            + (" compiled" if r.get("step_compile") == "on" else ""))
 
 
 def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -441,7 +448,7 @@ def count_stock(bundle, inputs, tokens: int, stock: str) -> dict:
             "host_reads_per_token": diff.host_reads / tokens, "by_op": dict(diff.by_op.most_common(12))}
 
 
-def count_patched(bundle, inputs, tokens: int, variant: str, apply: str) -> dict:
+def count_patched(bundle, inputs, tokens: int, variant: str, apply: str, batch_layers: str = "auto") -> dict:
     """Patched generation's (`generate.patched_generate`) operations and host reads per token, the first token
     (the prefill and the first call's caches) not counted, as it is not timed; split into the with-context step
     (`Patcher.context_step`, counted around each of its calls) and the rest: the patches, the patched forward
@@ -450,7 +457,7 @@ def count_patched(bundle, inputs, tokens: int, variant: str, apply: str) -> dict
     from experiments.patching.generate import patched_generate
     from experiments.patching.patcher import Patcher
 
-    patcher = Patcher(bundle.model, variant, apply)
+    patcher = Patcher(bundle.model, variant, apply, batch_layers=batch_layers)
     context, step = [], patcher.context_step
 
     def counted_context(*args, **kwargs):
@@ -469,7 +476,8 @@ def count_patched(bundle, inputs, tokens: int, variant: str, apply: str) -> dict
     ops, reads = per_token(totals[1:])
     context_ops, context_reads = per_token(context[1:])
     rest = sum(totals[1:], start=type(totals[0])()) - sum(context[1:], start=type(totals[0])())
-    return {"what": "patched", "variant": variant, "apply": apply, "ops_per_token": ops,
+    return {"what": "patched", "variant": variant, "apply": apply, "batch_layers": patcher.layer_stack is not None,
+            "ops_per_token": ops,
             "host_reads_per_token": reads, "context_ops": context_ops, "context_host_reads": context_reads,
             "patch_by_op": dict(rest.by_op.most_common(12))}
 
@@ -485,7 +493,7 @@ def count_all(args: argparse.Namespace, variants: list[str]) -> list[dict]:
     for variant in variants:
         for apply in args.apply.split(","):
             try:
-                rows.append(count_patched(bundle, inputs, args.tokens, variant, apply))
+                rows.append(count_patched(bundle, inputs, args.tokens, variant, apply, args.batch_layers))
             except Exception as err:
                 rows.append({"what": "patched", "variant": variant, "apply": apply,
                              "error": f"{type(err).__name__}: {err}"})
@@ -501,7 +509,8 @@ def print_ops(args: argparse.Namespace, rows: list[dict]) -> None:
         if "error" in r:
             print(f"{r['what']:<9}{r['variant']:<20}{r.get('apply') or '':<14}  {r['error']}")
             continue
-        line = f"{r['what']:<9}{r['variant']:<20}{r.get('apply') or '':<14}{r['ops_per_token']:>11.1f}" \
+        name = label(r) if r["what"] == "patched" else r["variant"]
+        line = f"{r['what']:<9}{name:<20}{r.get('apply') or '':<14}{r['ops_per_token']:>11.1f}" \
                f"{r['host_reads_per_token']:>18.1f}"
         if "context_ops" in r:
             line += f"{r['context_ops']:>18.1f}{r['context_host_reads']:>16.1f}" \
@@ -527,6 +536,12 @@ def main() -> None:
     ap.add_argument("--graphs", default="off",
                     help="patched mode: the whole patched token recorded as a CUDA graph and replayed, any of "
                          "off,on,auto (each a row; on: CUDA only, refused elsewhere in one line)")
+    ap.add_argument("--batch-layers", default="auto", choices=("auto", "on", "off"),
+                    help="an open loop's input matrices patched in all layers by one call over stacked weights "
+                         "(auto: on a GPU; the closed loop is never batched)")
+    ap.add_argument("--step-compile", default="off", choices=("auto", "on", "off"),
+                    help="patched mode: the whole patched token compiled by torch.compile (on: refused in one line "
+                         "without Triton or a C compiler; auto compiles nowhere yet, see step_graph.py)")
     ap.add_argument("--ops", action="store_true",
                     help="count operations and host reads per token instead of timing (no ratios)")
     ap.add_argument("--json", type=Path, help="also write the rows here (JSON)")
@@ -553,6 +568,12 @@ def main() -> None:
         sys.exit(f"--graphs: one or more of {', '.join(GRAPHS)}, each once (got {a.graphs})")
     if "on" in modes_g and not a.device.startswith("cuda"):
         sys.exit(f"--graphs on: CUDA graphs need a CUDA device (--device {a.device}); off or auto here")
+    if a.step_compile == "on":
+        from experiments.core.gpu_rates import compile_missing
+
+        missing = compile_missing("cuda" if a.device.startswith("cuda") else "cpu")
+        if missing:
+            sys.exit(f"--step-compile on: torch.compile needs {missing}; off or auto here")
     if a.device.startswith("cuda"):
         import torch
 

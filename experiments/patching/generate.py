@@ -186,7 +186,7 @@ class GeneratedToken:
 def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
                      choose: Callable[[Tensor], Tensor | int] | None = None,
                      stop_ids: set[int] | None = None, graphs: str = "off",
-                     capture: Capture | None = None) -> Iterator[GeneratedToken]:
+                     capture: Capture | None = None, compile: str = "off") -> Iterator[GeneratedToken]:
     """Generation by the patched model alone: each token is the patched model's choice (greedy unless `choose`
     says otherwise), and the query of the next step. The with-context pass runs only to give the per-layer
     targets and to extend its cache with that token, so it stops before the LM head (its logits are not needed).
@@ -199,13 +199,15 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
     one read; a failed check raises there). Only `stop_ids` reads each token, to know whether to stop; and
     the timers synchronize a GPU (they wait, they read nothing). So the whole token (the with-context step on a
     static KV cache, the patched pass, the greedy choice) can be recorded once as a CUDA graph and replayed
-    (`graphs`: auto, on, off; step_graph.py; `capture` for its tests); its time is then all `patch_ms`."""
+    (`graphs`: auto, on, off; step_graph.py; `capture` for its tests), or compiled (`compile`: auto, on, off); its
+    time is then all `patch_ms`."""
     ids = inputs["input_ids"]
-    if choose is not None and graphs != "off":
-        raise ValueError("graphs: a recorded step chooses greedily; a `choose` of its own runs with graphs=off")
+    if choose is not None and (graphs != "off" or compile != "off"):
+        raise ValueError("graphs, compile: a recorded step chooses greedily; a `choose` of its own runs with "
+                         "graphs=off compile=off")
     choose = choose or (lambda logits: logits.argmax())
     patcher.read_deferred()  # what an abandoned generation left queued is its own: read (and judged) now
-    recorded = recorded_step(patcher, graphs, inputs, max_new_tokens, capture)
+    recorded = recorded_step(patcher, graphs, inputs, max_new_tokens, capture, compile)
     cache, query = (None, None) if recorded else patcher.start(inputs)
     for step in range(max_new_tokens):
         if recorded:

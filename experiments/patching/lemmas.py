@@ -26,39 +26,44 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 
 import torch
 from torch import Tensor
 
 # Inside a patched pass, the checks that need a tensor's value (is z = 0?) are queued as device flags and read
-# once at the end of the pass with its statistics (`PatchedPass.finish`), not one host read per matrix.
-_DEFERRED: ContextVar[list | None] = ContextVar("deferred_checks", default=None)
+# once at the end of the pass with its statistics (`PatchedPass.finish`), not one host read per matrix. A plain
+# module-level stack, not a ContextVar: torch.compile traces a list (a compiled step, step_graph.py), and breaks
+# its graph at every ContextVar get and set. Patched passes run one at a time in a thread.
+_DEFERRED: list[list[tuple[Tensor, str]]] = []
 
 
 @contextmanager
 def deferred_checks() -> Iterator[list[tuple[Tensor, str]]]:
     """Queue the value checks made inside the block as (flag, message) pairs instead of reading each."""
     checks: list[tuple[Tensor, str]] = []
-    token = _DEFERRED.set(checks)
+    _DEFERRED.append(checks)
     try:
         yield checks
     finally:
-        _DEFERRED.reset(token)
+        _DEFERRED.pop()
 
 
 def _direction(x: Tensor, undefined: str) -> Tensor:
-    sq = x.square().sum()
-    checks = _DEFERRED.get()
+    """x / ‖x‖² over the last dimension (one direction per row of a stack, each row's own sum: the same bits
+    for a row alone or among others)."""
+    sq = x.square().sum(-1, keepdim=True)
+    checks = _DEFERRED[-1] if _DEFERRED else None
     if checks is not None:
-        checks.append((sq == 0.0, undefined))
-    elif float(sq) == 0.0:
+        zero = sq == 0.0
+        checks.append((zero if zero.numel() == 1 else zero.any(), undefined))
+    elif bool((sq == 0.0).any()):
         raise ValueError(undefined)
     return x / sq
 
 
 def input_direction(z: Tensor) -> Tensor:
-    """s = z / ‖z‖², the row factor of every input update (s · z = 1); needs z ≠ 0 (Lemma 6)."""
+    """s = z / ‖z‖², the row factor of every input update (s · z = 1); needs z ≠ 0 (Lemma 6). z (n,), or
+    (L, n) for a stack of layers, a direction each."""
     return _direction(z, "z = 0: the rank-1 input patch is undefined (Lemma 6 needs z ≠ 0)")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -26,6 +27,8 @@ from experiments.patching.capture import (
     register_captures,
     residual,
 )
+from experiments.patching.kinds import ACTION
+from experiments.patching.layer_stack import LayerStack
 from experiments.patching.output_rules import LayerPatchStats, apply_output_rule
 from experiments.patching.rounded import input_update_rounded
 from experiments.patching.rules.base import module_input
@@ -56,19 +59,70 @@ def run_layer(adapter, layer: nn.Module, args: tuple, kwargs: dict, hidden: Tens
     return values, output
 
 
+def alone_values(patcher, layer: nn.Module, target: LayerCapture, hidden: Tensor, args: tuple,
+                 kwargs: dict) -> dict:
+    """The layer run without the context on the with-context input `target.x_in` (whatever the patched pass's
+    `hidden` is), as far as the last input an input matrix reads: v and z(s)."""
+    x_ref = target.x_in.to(hidden.dtype).view_as(hidden)
+    return run_layer(patcher.adapter, layer, args, kwargs, x_ref, {}, stop_at_mlp=True)[0]
+
+
 def fill(patcher, layer: nn.Module, target: LayerCapture, hidden: Tensor, args: tuple, kwargs: dict,
          output_step: OutputStep) -> LayerPatchStats:
     """Fill `patcher.bufs` with this layer's patched tensors, computed against the with-context input
     `target.x_in`, whatever the patched pass's `hidden` is."""
     adapter, cdt, bufs = patcher.adapter, patcher.cdt, patcher.bufs
-    x_ref = target.x_in.to(hidden.dtype).view_as(hidden)
     bufs.begin()
-    alone, _ = run_layer(adapter, layer, args, kwargs, x_ref, {}, stop_at_mlp=True)  # v and z(s) without context
+    alone = alone_values(patcher, layer, target, hidden, args, kwargs)
     for name, layout in adapter.input_matrices.items():  # Thms 6–7 (+ the router, Thm 11)
         W, key = layer.get_parameter(name), adapter.input_key(name)  # z, or the matrix's own input
         input_update_rounded(W, layout, target.values[key], alone[key], bufs.out(name, W), cdt)
-    r = residual(target.values).to(cdt) - residual(alone).to(cdt)  # v_C − v (Thm 12: A_C − A)
-    return output_step(patcher, layer, target, r)
+    return output_step(patcher, layer, target, _residual_change(target, alone, cdt))
+
+
+def _residual_change(target: LayerCapture, alone: dict, cdt: torch.dtype) -> Tensor:
+    return residual(target.values).to(cdt) - residual(alone).to(cdt)  # v_C − v (Thm 12: A_C − A)
+
+
+def fill_all(patcher, targets: list[LayerCapture], calls: list[tuple[tuple, dict]], layer_stack: LayerStack,
+             output_step: OutputStep) -> list[LayerPatchStats]:
+    """Every layer's patched tensors into its buffers (`patcher.layer_bufs`), as `fill` layer after layer, with
+    each stacked input matrix (`layer_stack.py`) updated in all layers by one call: every layer alone on its
+    with-context input first, then the input updates matrix name by matrix name, then each layer's output
+    step. The same bits as `fill` (rows are reduced and updated alone: `rounded.row_dot`, `torch.addcmul`)."""
+    adapter, cdt = patcher.adapter, patcher.cdt
+    alones = []
+    for layer, target, bufs, (args, kwargs) in zip(patcher.layers, targets, patcher.layer_bufs, calls, strict=True):
+        bufs.begin()
+        alones.append(alone_values(patcher, layer, target, module_input(args, kwargs), args, kwargs))
+    for name, layout in adapter.input_matrices.items():  # Thms 6–7 (+ the router, Thm 11)
+        key = adapter.input_key(name)
+        if name in layer_stack.stacks and layer_stack.intact(name):
+            z_c = torch.stack([target.values[key] for target in targets])
+            z = torch.stack([alone[key] for alone in alones])
+            input_update_rounded(layer_stack.stacks[name], layout, z_c, z,
+                                 _stacked_out(patcher, layer_stack, name), cdt)
+            continue
+        for layer, target, alone, bufs in zip(patcher.layers, targets, alones, patcher.layer_bufs, strict=True):
+            W = layer.get_parameter(name)
+            input_update_rounded(W, layout, target.values[key], alone[key], bufs.out(name, W), cdt)
+    stats = []
+    for index, (layer, target, alone) in enumerate(zip(patcher.layers, targets, alones, strict=True)):
+        patcher.bufs = patcher.layer_bufs[index]
+        stats.append(output_step(patcher, layer, target, _residual_change(target, alone, cdt)))
+    return stats
+
+
+def _stacked_out(patcher, layer_stack: LayerStack, name: str) -> Tensor | list:
+    """Where a stacked update goes: each layer's kept action (apply=action), or one (layers, out, in) buffer
+    whose slot l is layer l's patched tensor (materialized)."""
+    stack = layer_stack.stacks[name]
+    if patcher.apply == ACTION:
+        return [bufs.out(name, stack[index]) for index, bufs in enumerate(patcher.layer_bufs)]
+    buffer = layer_stack.out_buffer(name, patcher.dtype)
+    for index, bufs in enumerate(patcher.layer_bufs):
+        bufs.tensors[name] = buffer[index]
+    return buffer
 
 
 def patch_and_run(patcher, layer: nn.Module, target: LayerCapture, args: tuple, kwargs: dict,

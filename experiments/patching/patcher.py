@@ -45,11 +45,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from experiments.patching import layer_stack
 from experiments.patching.arch import adapter_for
 from experiments.patching.capture import LayerCapture, capture_context, first_output, last_position, record_outputs
 from experiments.patching.compare import logit_dtype
 from experiments.patching.kinds import MATERIALIZED
 from experiments.patching.lemmas import deferred_checks
+from experiments.patching.open_loop import fill_all
 from experiments.patching.rounded import PatchBuffers, RankOneAction, compute_dtype
 from experiments.patching.rules import LayerPatchStats
 from experiments.patching.rules.base import module_input
@@ -219,7 +221,8 @@ def register_actions(model: nn.Module, actions: dict[str, RankOneAction]) -> lis
 class Patcher:
     """Per-token patches for any supported transformers causal LM (see `arch/` and `variants.py`)."""
 
-    def __init__(self, model: nn.Module, variant: str = "naive", apply: str = MATERIALIZED):
+    def __init__(self, model: nn.Module, variant: str = "naive", apply: str = MATERIALIZED,
+                 batch_layers: str = "off"):
         self.model = model
         self.adapter = adapter_for(model.config.model_type)
         self.variant: Variant = check_variant(self.adapter, variant)
@@ -236,6 +239,14 @@ class Patcher:
         self._calls: dict = {}  # (query length, device) -> each layer's call arguments for the query alone
         self._deferred: list = []  # patched passes' values left on the device (patched_pass(defer=True))
         self._mask = self._whole_query_mask()  # the query-alone pass's attention mask, where the model takes it
+        # batch_layers: an open loop's input matrices patched in all layers at once, from stacked weights
+        # (layer_stack.py; `auto` on a GPU). The stacking moves the model's own parameters, once, here.
+        device = next(self.lm.parameters()).device
+        stacked = layer_stack.resolve(batch_layers, self.variant, device)
+        self.layer_stack = layer_stack.stack_layers(self.adapter, self.layers) if stacked else None
+        if batch_layers == "on" and self.layer_stack is None:
+            raise ValueError(f"batch_layers=on: {self.adapter.family} has no input matrix that stacks across layers "
+                             "(nn.Linear, one shape in every layer)")
         names = {id(m): n for n, m in model.named_modules()}
         self.layer_names = [names[id(layer)] for layer in self.layers]
         self._inside = False
@@ -411,12 +422,16 @@ class Patcher:
         holds beyond the model is the patched matrices themselves. With apply=action the matrices' updates
         are kept as factors instead (`open_loop_actions` gives them)."""
         variant = variant or self.variant
-        tensors: dict[str, Tensor] = {}
-        stats = []
-        for index, (layer, (args, kwargs)) in enumerate(zip(self.layers, self.query_calls(query), strict=True)):
-            self.bufs = self.layer_bufs[index]
-            stats.append(variant.fill(self, layer, step.targets[index], module_input(args, kwargs), args, kwargs))
-            tensors.update({f"{self.layer_names[index]}.{k}": t for k, t in self.bufs.tensors.items()})
+        calls = self.query_calls(query)
+        if self.layer_stack is not None:
+            stats = fill_all(self, step.targets, calls, self.layer_stack, variant.output_step())
+        else:
+            stats = []
+            for index, (layer, (args, kwargs)) in enumerate(zip(self.layers, calls, strict=True)):
+                self.bufs = self.layer_bufs[index]
+                stats.append(variant.fill(self, layer, step.targets[index], module_input(args, kwargs), args, kwargs))
+        tensors = {f"{self.layer_names[index]}.{k}": t for index, bufs in enumerate(self.layer_bufs)
+                   for k, t in bufs.tensors.items()}
         return tensors, stats
 
     def open_loop_actions(self) -> dict[str, RankOneAction]:

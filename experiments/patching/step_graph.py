@@ -18,6 +18,15 @@ are the static ones, nothing is read back to the host), though not the recording
 which experts fired back to the host, which a graph cannot hold); a recording that fails falls back to the eager
 step with one line (GPT-2's forward, for one, checks its input for padding on the host). `graphs=on` refuses, in
 one line, where it cannot.
+
+`compile=on` compiles the same step with `torch.compile` (`compiled_capture`; fixed shapes; with graphs on a GPU as
+`mode="reduce-overhead"`, inductor's own CUDA graphs): the operations fused into fewer kernels, not only launched at
+once. It gives the eager tokens, but it does not yet compile once: the step registers its capture hooks every
+pass, and each new hook handle moves a class-wide counter (`RemovableHandle.next_id`) that torch.compile guards on,
+so one frame is compiled again every token (tiny-llama: 19 graphs for the first token, one more every token after;
+and a graph break at every hook registration). Until the hooks are placed once, `compile=auto` compiles nowhere
+(one line on a GPU); a compilation that fails falls back to the eager step with one line (auto) or raises (on).
+`compile=on` without Triton (CUDA) or a C compiler: refused in one line.
 """
 
 from __future__ import annotations
@@ -29,10 +38,12 @@ import torch
 from torch import Tensor
 
 from experiments.core.errors import UserError
+from experiments.core.gpu_rates import compile_missing
 
 log = logging.getLogger(__name__)
 
 GRAPHS = ("auto", "on", "off")
+COMPILE = ("auto", "on", "off")
 WARMUP = 2  # eager runs on a side stream before recording (cuBLAS workspaces, lazy inits), as torch's docs ask
 
 Run = Callable[[], tuple[Tensor, ...]]  # a recorded computation: its outputs, fresh tensors each eager run
@@ -64,6 +75,48 @@ def use_graphs(patcher, graphs: str, device: torch.device) -> bool:
     if graphs == "on" and why:
         raise UserError(f"graphs=on: {why}; use graphs=auto (records where it can) or graphs=off")
     return graphs != "off" and why is None
+
+
+def check_compile(compile: str) -> str:
+    if compile not in COMPILE:
+        raise UserError(f"compile={compile!r}: one of {', '.join(COMPILE)}")
+    return compile
+
+
+def use_compile(compile: str, device: torch.device) -> bool:
+    """Whether to compile the step: `on` where torch.compile has what it needs (else a one-line refusal), `auto` on
+    a GPU where it has (else one line, and the step runs uncompiled), `off` never."""
+    if check_compile(compile) == "off":
+        return False
+    missing = compile_missing(device.type)
+    if compile == "on":
+        if missing:
+            raise UserError(f"compile=on: torch.compile on {device.type} needs {missing}; use compile=auto or "
+                            "compile=off")
+        return True
+    if device.type == "cuda":  # where it would pay: not yet (docs/benchmarks.md, issue 54)
+        log.info("compile=auto: the patched step registers its hooks every pass, which makes torch.compile compile "
+                 "it again every token; it runs uncompiled (compile=on compiles it anyway)")
+    return False
+
+
+def compiled_capture(mode: str | None = None, backend: str = "inductor") -> Capture:
+    """A Capture that compiles the step (`torch.compile`, fixed shapes) and runs it WARMUP times (the compilation,
+    and reduce-overhead's CUDA graph recording), then once for its outputs; a replay runs the compiled step and
+    writes its outputs into those. `backend="eager"` traces without generating code (tests)."""
+    def capture(run: Run) -> tuple[Callable[[], None], tuple[Tensor, ...]]:
+        compiled = torch.compile(run, mode=mode, backend=backend, dynamic=False)
+        for _ in range(WARMUP):
+            compiled()
+        outputs = tuple(t.clone() for t in compiled())
+
+        def replay() -> None:
+            for static, new in zip(outputs, compiled(), strict=True):
+                static.copy_(new)
+
+        return replay, outputs
+
+    return capture
 
 
 def cuda_capture(run: Run) -> tuple[Callable[[], None], tuple[Tensor, ...]]:
@@ -145,26 +198,35 @@ class GraphedStep:
         return self.token.clone()
 
 
-def recorded_step(patcher, graphs: str, inputs: dict, max_new_tokens: int,
-                  capture: Capture | None = None) -> GraphedStep | None:
-    """The whole token recorded (`GraphedStep`) where `graphs` asks and it can, else None (the eager loop). A
-    recording that fails gives None with one line (graphs=auto), or raises (graphs=on). `capture`: how it is
-    recorded; by default a CUDA graph where this device and block allow one (`why_no_graphs`);
-    `eager_capture` runs the same plumbing anywhere (tests)."""
+def recorded_step(patcher, graphs: str, inputs: dict, max_new_tokens: int, capture: Capture | None = None,
+                  compile: str = "off") -> GraphedStep | None:
+    """The whole token recorded (`GraphedStep`) where `graphs` or `compile` asks and it can, else None (the eager
+    loop). A recording or compilation that fails gives None with one line (auto), or raises (on). `capture`: how
+    it is recorded; by default compiled where `compile` says (`use_compile`; as reduce-overhead where graphs are
+    also wanted and allowed), else a CUDA graph where this device and block allow one (`why_no_graphs`);
+    `eager_capture` and `compiled_capture(backend="eager")` run the same plumbing anywhere (tests)."""
+    device = inputs["input_ids"].device
+    asked = "compile" if check_compile(compile) != "off" else "graphs"
     if capture is None:
-        if not use_graphs(patcher, graphs, inputs["input_ids"].device):
+        graphed = use_graphs(patcher, graphs, device)
+        if use_compile(compile, device):
+            capture = compiled_capture("reduce-overhead" if graphed else None)
+        elif graphed:
+            asked, capture = "graphs", cuda_capture
+        else:
             return None
-        capture = cuda_capture
-    elif check_graphs(graphs) == "off":
+    elif check_graphs(graphs) == "off" and compile == "off":
         return None
     if max_new_tokens < 1:
         return None
+    strict = (compile if asked == "compile" else graphs) == "on"
     try:
         return GraphedStep(patcher, inputs, max_new_tokens, capture)
-    except RuntimeError as err:  # torch.cuda's errors are RuntimeErrors
-        if graphs == "on":
+    except Exception as err:  # torch.cuda's errors are RuntimeErrors; a compilation's, of many kinds
+        if strict or not isinstance(err, RuntimeError if asked == "graphs" else Exception):
             raise
-        log.warning("graphs=auto: recording the patched step failed (%s); the eager step runs instead",
+        log.warning("%s=auto: %s the patched step failed (%s); the eager step runs instead", asked,
+                    "recording" if asked == "graphs" else "compiling",
                     (str(err).splitlines() or [type(err).__name__])[0])
         patcher._deferred.clear()  # what the failed recording left is no token's
         return None

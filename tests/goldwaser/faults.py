@@ -96,7 +96,7 @@ def _rank1(monkeypatch, change) -> None:
 
 def _scaled_coef(coef, factor: float):
     if callable(coef):
-        return lambda w, rows: factor * coef(w, rows)
+        return lambda *block: factor * coef(*block)
     return factor * coef
 
 

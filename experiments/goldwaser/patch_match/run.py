@@ -104,7 +104,7 @@ def compare_all(cfg: PatchMatchConfig, ctx: RunContext, bundle):
     if image is not None:
         image.save(ctx.path(CONTEXT_IMAGE))
     prompts = prompt_list(cfg)
-    patcher = Patcher(bundle.model, cfg.variant, cfg.apply)
+    patcher = Patcher(bundle.model, cfg.variant, cfg.apply, batch_layers="auto")  # layers at once on a GPU
     witness = Witness(bundle.model, patcher.adapter.layers, patcher.logit_dtype)
     log.info("model %s: %s, %s; %s, variant %s, apply=%s, advance=%s", cfg.model, describe_model(patcher),
              weights_origin(cfg.model), dtype_name(ctx.dtype), cfg.variant, cfg.apply, cfg.advance)

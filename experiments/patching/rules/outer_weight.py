@@ -10,7 +10,7 @@ from torch import nn
 from experiments.patching import lemmas
 from experiments.patching.capture import last_position
 from experiments.patching.lemmas_ls import outer_weight_ls
-from experiments.patching.rounded import add_outer_rounded, add_rank1_by_rows
+from experiments.patching.rounded import add_outer_rounded, add_rank1_by_rows, row_dot
 from experiments.patching.rules.base import OutputRule, as_rows, module_input
 
 
@@ -30,7 +30,8 @@ class OuterWeight(OutputRule):
         # Solved without first running the module: its output is W y′ + b, computed here from the same rows.
         y = last_position(module_input(args, kwargs)).to(cdt)
         t = target_minus_v if module.bias is None else target_minus_v - module.bias.to(cdt)
-        r = add_rank1_by_rows(P, lambda w, rows: t[rows] - torch.mv(w, y), lemmas.outer_weight_direction(y), out, cdt)
+        r = add_rank1_by_rows(P, lambda w, _g, rows, slot: torch.sub(t[rows], row_dot(w, y.view(1, -1), cdt), out=slot),
+                              lemmas.outer_weight_direction(y), out, cdt)
         stats.dm_linf = r.abs().max()
 
     def fit_positions(self, adapter, module, P, args, kwargs, R):

@@ -1,0 +1,122 @@
+"""The open loop batched across layers (issue 54, `batch_layers`): every layer's input matrices patched by one call
+over stacked weights gives the bits of the per-layer path, logits, per-layer errors and patched tensors; the
+stacking moves the model's parameters without changing a bit of its forward; and the bad inputs are refused in
+one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from experiments.patching import layer_stack
+from experiments.patching.families import tiny_models
+from experiments.patching.kinds import ACTION, MATERIALIZED
+from experiments.patching.load import load_checked
+from experiments.patching.patcher import Patcher
+
+IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])
+STACKING = [n for n in tiny_models() if n != "tiny-gpt2"]  # GPT-2's Conv1D input matrix does not stack
+
+
+def _pass(name: str, dtype: torch.dtype, variant: str, apply: str, batch_layers: str):
+    patcher = Patcher(load_checked(name, dtype, "cpu", seed=0).model, variant, apply, batch_layers=batch_layers)
+    cache, query = patcher.start({"input_ids": IDS})
+    step = patcher.context_step({"input_ids": query}, cache)
+    kept: dict = {}
+    result = patcher.patched_pass(query, step, keep=kept)
+    actions = {k: (a.coef.clone(), a.vec.clone()) for k, a in patcher.open_loop_actions().items()}
+    return patcher, result, kept, actions
+
+
+def _same_bits(batched, per_layer) -> None:
+    (_, a, kept_a, actions_a), (_, b, kept_b, actions_b) = batched, per_layer
+    assert torch.equal(a.logits, b.logits)
+    assert a.hidden_linf == b.hidden_linf and a.hidden_rel == b.hidden_rel
+    assert kept_a.keys() == kept_b.keys() and all(torch.equal(kept_a[k], kept_b[k]) for k in kept_a)
+    assert actions_a.keys() == actions_b.keys()
+    assert all(torch.equal(x, y) for k in actions_a for x, y in zip(actions_a[k], actions_b[k], strict=True))
+
+
+@pytest.mark.parametrize("name", STACKING)
+def test_batched_equals_per_layer_bit_for_bit_in_float64(name):
+    batched = _pass(name, torch.float64, "naive", MATERIALIZED, "on")
+    assert batched[0].layer_stack is not None
+    _same_bits(batched, _pass(name, torch.float64, "naive", MATERIALIZED, "off"))
+    assert batched[1].hidden_linf[-1] > 0  # control: a pass that is compared at all (the record differs)
+
+
+@pytest.mark.parametrize(("variant", "apply", "dtype"), [
+    ("stable", MATERIALIZED, torch.float64), ("conditioned", MATERIALIZED, torch.float64),
+    ("naive", ACTION, torch.float64), ("naive", MATERIALIZED, torch.float32), ("naive", MATERIALIZED, torch.bfloat16),
+    ("naive", ACTION, torch.bfloat16)])
+def test_every_open_loop_and_dtype_keeps_the_bits(variant, apply, dtype):
+    _same_bits(_pass("tiny-gemma3", dtype, variant, apply, "on"), _pass("tiny-gemma3", dtype, variant, apply, "off"))
+
+
+def test_the_comparison_can_fail():
+    """Control: a batched update that reads each layer's W_gate from the layer before (the stack rolled) differs."""
+    patcher = Patcher(load_checked("tiny-llama", torch.float64, "cpu", seed=0).model, "naive", batch_layers="on")
+    cache, query = patcher.start({"input_ids": IDS})
+    step = patcher.context_step({"input_ids": query}, cache)
+    stacks = patcher.layer_stack
+    stacks.stacks["mlp.gate_proj.weight"] = stacks.stacks["mlp.gate_proj.weight"].roll(1, 0)
+    stacks.intact = lambda name: True
+    wrong = patcher.patched_pass(query, step)
+    right = _pass("tiny-llama", torch.float64, "naive", MATERIALIZED, "off")[1]
+    assert not torch.equal(wrong.logits, right.logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_stacking_moves_the_parameters_and_changes_no_bit(dtype):
+    model = load_checked("tiny-gemma3", dtype, "cpu", seed=0).model
+    before = model(input_ids=IDS).logits
+    patcher = Patcher(model, "naive", batch_layers="on")
+    stacks = patcher.layer_stack
+    for name, stack in stacks.stacks.items():
+        assert stacks.intact(name)
+        assert all(p.data_ptr() % layer_stack.ALIGN_BYTES == 0 for p in stacks.params[name])
+        assert stack.untyped_storage().data_ptr() == stacks.params[name][0].untyped_storage().data_ptr()
+    assert torch.equal(model(input_ids=IDS).logits, before)
+    params = stacks.params["mlp.up_proj.weight"]
+    layer_stack.unstack(stacks)
+    assert len({p.untyped_storage().data_ptr() for p in params}) == len(params)  # each its own storage again
+    assert torch.equal(model(input_ids=IDS).logits, before)
+
+
+def test_a_moved_model_falls_back_to_the_per_layer_path():
+    """After the parameters leave their slots (a reload, `model.to`), the stack is not used, not read stale."""
+    batched = _pass("tiny-llama", torch.float64, "naive", MATERIALIZED, "on")
+    patcher = batched[0]
+    for params in patcher.layer_stack.params.values():
+        for p in params:
+            p.data = p.data.clone()
+    assert not any(patcher.layer_stack.intact(name) for name in patcher.layer_stack.stacks)
+    cache, query = patcher.start({"input_ids": IDS})
+    again = patcher.patched_pass(query, patcher.context_step({"input_ids": query}, cache))
+    assert torch.equal(again.logits, batched[1].logits)
+
+
+def test_auto_stacks_on_a_gpu_only_and_bad_inputs_are_refused():
+    model = load_checked("tiny-llama", torch.float64, "cpu", seed=0).model
+    assert Patcher(model, "naive", batch_layers="auto").layer_stack is None  # the CPU: per layer, in cache
+    with pytest.raises(ValueError, match="one of auto, on, off"):
+        Patcher(model, "naive", batch_layers="yes")
+    with pytest.raises(ValueError, match="closed_loop solves each layer inside the pass"):
+        Patcher(model, "closed_loop", batch_layers="on")
+    with pytest.raises(ValueError, match="GPT-2 has no input matrix that stacks"):
+        Patcher(load_checked("tiny-gpt2", torch.float64, "cpu", seed=0).model, "naive", batch_layers="on")
+
+
+def test_a_recorded_step_replays_the_batched_pass():
+    """The recorded token (step_graph.py, replayed here by re-running into the first run's outputs) with the layers
+    batched: the tokens of plain eager generation, per layer."""
+    from experiments.patching import step_graph
+    from experiments.patching.generate import patched_generate
+
+    def tokens(batch_layers, **kwargs):
+        patcher = Patcher(load_checked("tiny-gemma3", torch.float64, "cpu", seed=0).model, "naive",
+                          batch_layers=batch_layers)
+        return [g.token_id for g in patched_generate(patcher, {"input_ids": IDS}, 5, **kwargs)]
+
+    eager = tokens("off")
+    assert tokens("on", graphs="on", capture=step_graph.eager_capture) == eager and len(eager) == 5
