@@ -89,7 +89,8 @@ def fill_all(patcher, targets: list[LayerCapture], calls: list[tuple[tuple, dict
     """Every layer's patched tensors into its buffers (`patcher.layer_bufs`), as `fill` layer after layer, with
     each stacked input matrix (`layer_stack.py`) updated in all layers by one call: every layer alone on its
     with-context input first, then the input updates matrix name by matrix name, then each layer's output
-    step. The same bits as `fill` (rows are reduced and updated alone: `rounded.row_dot`, `torch.addcmul`)."""
+    step. The same bits as `fill`: a stack's blocks are the rows a layer alone gets, and the update is elementwise
+    (`rounded.add_rank1_by_rows`)."""
     adapter, cdt = patcher.adapter, patcher.cdt
     alones = []
     for layer, target, bufs, (args, kwargs) in zip(patcher.layers, targets, patcher.layer_bufs, calls, strict=True):

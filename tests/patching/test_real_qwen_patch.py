@@ -31,3 +31,26 @@ def test_algorithm1_open_loop_float32_is_at_rounding_level_at_every_layer_and_th
         if st.stock is not None:  # the patched weights in the model's own parameters, its stock forward
             assert logit_comparison(st.context, st.stock)["logit_linf_rel"] < 1e-4
     assert torch.equal(qwen32.model(**inputs).logits[0, -1], before)  # the parameters restored bit for bit
+
+
+def test_the_open_loop_batched_across_layers_is_the_per_layer_path_bit_for_bit(qwen32):
+    """Issue 54 item 3 on trained weights: every layer's W_gate and W_up patched by one call over stacked weights
+    (batch_layers=on) gives the per-layer path's patched tensors, per-layer errors and logits bit for bit, from the
+    same with-context step. The stack is undone after (the session's model as it was, each weight its own storage)."""
+    from experiments.patching import layer_stack
+
+    inputs = encode_prompt(qwen32, PROMPT)
+    per_layer = Patcher(qwen32.model, "naive")
+    cache, query = per_layer.start(inputs)
+    step = per_layer.context_step({"input_ids": query}, cache, logits=False)
+    a = per_layer.patched_pass(query, step)
+    batched = Patcher(qwen32.model, "naive", batch_layers="on")
+    try:
+        assert sorted(batched.layer_stack.stacks) == ["mlp.gate_proj.weight", "mlp.up_proj.weight"]
+        b = batched.patched_pass(query, step)
+        assert a.tensors.keys() == b.tensors.keys()
+        assert all(torch.equal(a.tensors[name], b.tensors[name]) for name in a.tensors)
+    finally:
+        layer_stack.unstack(batched.layer_stack)
+    assert torch.equal(a.logits, b.logits)
+    assert a.hidden_linf == b.hidden_linf and max(a.hidden_rel) < 1e-5
