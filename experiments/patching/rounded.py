@@ -44,6 +44,12 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _cpu_kernels(w: Tensor, cdt: torch.dtype) -> bool:
+    """Whether a block takes the CPU's kernels (MKL's `mv`, `addr`, group by group): on the CPU, in the compute
+    dtype. Otherwise the kernels that read any dtype and do not depend on the block's shape (a GPU's)."""
+    return w.device.type == "cpu" and w.dtype == cdt
+
+
 def row_dot(w: Tensor, x: Tensor, cdt: torch.dtype, out: Tensor | None = None) -> Tensor:
     """w_i · x_g for every row of a block w (k, r, n), x (k, n) one vector per group, in `cdt` (into `out`, (k, r)).
     On the CPU, MKL's matrix-vector product group by group (at a 270M MLP matrix's 2 MiB blocks 0.12–0.18 ms
@@ -51,7 +57,7 @@ def row_dot(w: Tensor, x: Tensor, cdt: torch.dtype, out: Tensor | None = None) -
     in a stack, so the bits are too. Elsewhere (or for a block still in another dtype) each row's own products
     and sum, whose bits do not depend on how many rows or groups the block has, and which a GPU's kernels
     compute from bfloat16 without a float32 copy."""
-    if w.device.type == "cpu" and w.dtype == cdt:
+    if _cpu_kernels(w, cdt):
         out = torch.empty(w.shape[:2], dtype=cdt, device=w.device) if out is None else out
         for j in range(w.shape[0]):
             torch.mv(w[j], x[j].to(cdt), out=out[j])
@@ -134,7 +140,7 @@ def _rank1_into(w: Tensor, c: Tensor, vec: Tensor, out: Tensor) -> None:
     converted copy then), 10–15 % faster there than `torch.addcmul`, and the bits of the per-layer update before
     stacks existed; elsewhere one `torch.addcmul`, whose kernels read bfloat16 and compute in float32. Elementwise
     either way: a row's bits do not depend on the block."""
-    if w.device.type == "cpu" and w.dtype == c.dtype:
+    if _cpu_kernels(w, c.dtype):
         for j in range(w.shape[0]):
             if out.dtype == w.dtype:
                 torch.addr(w[j], c[j], vec[j], out=out[j])

@@ -120,3 +120,15 @@ def test_a_recorded_step_replays_the_batched_pass():
 
     eager = tokens("off")
     assert tokens("on", graphs="on", capture=step_graph.eager_capture) == eager and len(eager) == 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gpus_kernels_keep_the_bits_too(monkeypatch, dtype):
+    """The kernels a GPU takes (rounded.py: blocks in their own dtype, each row's own product and sum, one addcmul
+    over a whole stack), run on the CPU: batched is per layer bit for bit there as well."""
+    from experiments.patching import rounded
+
+    monkeypatch.setattr(rounded, "_in_compute_dtype", lambda w, cdt: w)
+    monkeypatch.setattr(rounded, "_cpu_kernels", lambda w, cdt: False)
+    _same_bits(_pass("tiny-gemma3", dtype, "naive", MATERIALIZED, "on"),
+               _pass("tiny-gemma3", dtype, "naive", MATERIALIZED, "off"))

@@ -63,6 +63,13 @@ def test_bfloat16_weights_are_updated_in_float32_and_rounded_once():
 
 
 
+def _as_on_a_gpu(monkeypatch) -> None:
+    """The kernels a GPU takes, run on the CPU: blocks handed over in their own dtype, coefficients as each row's
+    product and sum, the update one addcmul."""
+    monkeypatch.setattr(rounded, "_in_compute_dtype", lambda w, cdt: w)
+    monkeypatch.setattr(rounded, "_cpu_kernels", lambda w, cdt: False)
+
+
 def _bf16_case(seed: int, rows: int = 40, cols: int = 16, layers: int | None = None):
     shape = (rows, cols) if layers is None else (layers, rows, cols)
     W = _rand(*shape, seed=seed, dtype=torch.float32).bfloat16()
@@ -87,7 +94,7 @@ def test_bfloat16_by_blocks_has_the_bits_of_the_whole_float32_update(monkeypatch
     are each row's own product and sum)."""
     monkeypatch.setattr(rounded, "CPU_BLOCK_BYTES", block_bytes)
     if as_on_a_gpu:
-        monkeypatch.setattr(rounded, "_in_compute_dtype", lambda w, cdt: w)
+        _as_on_a_gpu(monkeypatch)
     W, dz, s = _bf16_case(11)
     out = torch.empty_like(W)
     c = rounded.add_rank1_by_rows(W, rounded.RowDot(dz.view(1, -1)), s, out, torch.float32)
@@ -106,8 +113,13 @@ def test_bfloat16_by_blocks_has_the_bits_of_the_whole_float32_update(monkeypatch
 
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
-def test_a_stack_of_layers_has_the_bits_of_one_layer_at_a_time(dtype):
-    """The open loop's batched update (W (L, out, in), a z per layer) is each layer's own, bit for bit."""
+@pytest.mark.parametrize("as_on_a_gpu", [False, True])
+def test_a_stack_of_layers_has_the_bits_of_one_layer_at_a_time(monkeypatch, dtype, as_on_a_gpu):
+    """The open loop's batched update (W (L, out, in), a z per layer) is each layer's own, bit for bit; with the
+    CPU's kernels (blocks of whole layers here, `mv` and `addr` a layer at a time) and with a GPU's (each row's own
+    product and sum, one addcmul over the whole stack), run here."""
+    if as_on_a_gpu:
+        _as_on_a_gpu(monkeypatch)
     W, _, _ = _bf16_case(21, layers=4)
     W = W.to(dtype)
     z_c, z = _rand(4, 16, seed=22, dtype=torch.float32), _rand(4, 16, seed=23, dtype=torch.float32)
