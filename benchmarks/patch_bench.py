@@ -329,8 +329,8 @@ def one_process(args: argparse.Namespace, modes: list[str], variants: list[str])
                                                    graph_modes(args)):
             try:
                 rows.append(measure(mode, bundle, inputs, args.tokens, variant, meter, apply, stock,
-                                    getattr(args, "compile_mode", None), graphs, args.batch_layers,
-                                    args.step_compile))
+                                    getattr(args, "compile_mode", None), graphs,
+                                    getattr(args, "batch_layers", "auto"), getattr(args, "step_compile", "off")))
             except Exception as err:  # one variant that fails (or runs out of memory) leaves the others
                 rows.append({"mode": mode, "variant": None if mode == "generate" else variant, "apply": apply,
                              "stock": stock if mode == "generate" else None,
@@ -370,7 +370,8 @@ def run_all(args: argparse.Namespace, modes: list[str], variants: list[str]) -> 
             cmd = [sys.executable, __file__, "--mode", mode, "--model", args.model, "--dtype", args.dtype,
                    "--variant", variant, "--apply", apply, "--tokens", str(args.tokens),
                    "--threads", str(args.threads), "--stock", stock, "--graphs", graphs,
-                   "--batch-layers", args.batch_layers, "--step-compile", args.step_compile]
+                   "--batch-layers", getattr(args, "batch_layers", "auto"),
+                   "--step-compile", getattr(args, "step_compile", "off")]
             if args.compile_mode:
                 cmd += ["--compile-mode", args.compile_mode]
             res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
@@ -493,7 +494,8 @@ def count_all(args: argparse.Namespace, variants: list[str]) -> list[dict]:
     for variant in variants:
         for apply in args.apply.split(","):
             try:
-                rows.append(count_patched(bundle, inputs, args.tokens, variant, apply, args.batch_layers))
+                rows.append(count_patched(bundle, inputs, args.tokens, variant, apply,
+                                          getattr(args, "batch_layers", "auto")))
             except Exception as err:
                 rows.append({"what": "patched", "variant": variant, "apply": apply,
                              "error": f"{type(err).__name__}: {err}"})
