@@ -73,6 +73,9 @@ def stack_layers(adapter, layers: list[nn.Module]) -> LayerStack | None:
         return None
     stacks = {}
     for name, params in found.items():
+        stacks[name] = _already_stacked(params)
+        if stacks[name] is not None:  # another Patcher on this model stacked them: its storage, no copy
+            continue
         first = params[0]
         rows, cols = first.shape
         per_slot = ALIGN_BYTES // first.element_size()
@@ -84,6 +87,21 @@ def stack_layers(adapter, layers: list[nn.Module]) -> LayerStack | None:
             p.data = stack[i]
         stacks[name] = stack
     return LayerStack(stacks, found)
+
+
+def _already_stacked(params: list[nn.Parameter]) -> Tensor | None:
+    """The (layers, out, in) view of one storage the parameters already are, slot after slot, else None."""
+    first = params[0]
+    if len(params) < 2 or not all(p.is_contiguous() for p in params):
+        return None
+    slot = params[1].storage_offset() - first.storage_offset()
+    storage = first.untyped_storage().data_ptr()
+    if slot < first.numel() or any(p.untyped_storage().data_ptr() != storage
+                                   or p.storage_offset() != first.storage_offset() + i * slot
+                                   for i, p in enumerate(params)):
+        return None
+    return first.detach().as_strided((len(params), *first.shape), (slot, first.shape[1], 1),
+                                     first.storage_offset())
 
 
 @torch.no_grad()

@@ -132,3 +132,14 @@ def test_a_gpus_kernels_keep_the_bits_too(monkeypatch, dtype):
     monkeypatch.setattr(rounded, "_cpu_kernels", lambda w, cdt: False)
     _same_bits(_pass("tiny-gemma3", dtype, "naive", MATERIALIZED, "on"),
                _pass("tiny-gemma3", dtype, "naive", MATERIALIZED, "off"))
+
+
+def test_a_second_patcher_reuses_the_stack():
+    """Another Patcher on a stacked model (patch_bench's rows, one after another) takes the storage as it is: no
+    copy of the weights, the same slots."""
+    model = load_checked("tiny-llama", torch.float64, "cpu", seed=0).model
+    first = Patcher(model, "naive", batch_layers="on").layer_stack
+    second = Patcher(model, "naive", batch_layers="on").layer_stack
+    for name, stack in first.stacks.items():
+        assert second.stacks[name].data_ptr() == stack.data_ptr() and second.stacks[name].shape == stack.shape
+        assert second.intact(name) and torch.equal(second.stacks[name], stack)
