@@ -18,9 +18,9 @@ IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])
 STACKING = [n for n in tiny_models() if n != "tiny-gpt2"]  # GPT-2's Conv1D input matrix does not stack
 
 
-def _pass(name: str, dtype: torch.dtype, variant: str, apply: str, batch_layers: str):
-    patcher = Patcher(load_checked(name, dtype, "cpu", seed=0).model, variant, apply, batch_layers=batch_layers)
-    cache, query = patcher.start({"input_ids": IDS})
+def _pass(name: str, dtype: torch.dtype, variant: str, apply: str, batch_layers: str, device: str = "cpu"):
+    patcher = Patcher(load_checked(name, dtype, device, seed=0).model, variant, apply, batch_layers=batch_layers)
+    cache, query = patcher.start({"input_ids": IDS.to(device)})
     step = patcher.context_step({"input_ids": query}, cache)
     kept: dict = {}
     result = patcher.patched_pass(query, step, keep=kept)
@@ -143,3 +143,15 @@ def test_a_second_patcher_reuses_the_stack():
     for name, stack in first.stacks.items():
         assert second.stacks[name].data_ptr() == stack.data_ptr() and second.stacks[name].shape == stack.shape
         assert second.intact(name) and torch.equal(second.stacks[name], stack)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_batched_is_per_layer(dtype):
+    """On CUDA, where `auto` batches: the same bits as the per-layer path, or this says where CUDA's row sums (whose
+    order may depend on how many rows a kernel gets) make them differ."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    batched = _pass("tiny-gemma3", dtype, "naive", MATERIALIZED, "auto", "cuda")
+    assert batched[0].layer_stack is not None  # auto stacks on a GPU
+    _same_bits(batched, _pass("tiny-gemma3", dtype, "naive", MATERIALIZED, "off", "cuda"))
