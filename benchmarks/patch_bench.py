@@ -538,12 +538,13 @@ def main() -> None:
     ap.add_argument("--graphs", default="off",
                     help="patched mode: the whole patched token recorded as a CUDA graph and replayed, any of "
                          "off,on,auto (each a row; on: CUDA only, refused elsewhere in one line)")
-    ap.add_argument("--batch-layers", default="auto", choices=("auto", "on", "off"),
-                    help="an open loop's input matrices patched in all layers by one call over stacked weights "
-                         "(auto: on a GPU; the closed loop is never batched)")
-    ap.add_argument("--step-compile", default="off", choices=("auto", "on", "off"),
-                    help="patched mode: the whole patched token compiled by torch.compile (on: refused in one line "
-                         "without Triton or a C compiler; auto compiles nowhere yet, see step_graph.py)")
+    ap.add_argument("--batch-layers", default="auto",
+                    help="auto, on or off: an open loop's input matrices patched in all layers by one call over "
+                         "stacked weights (auto: on a GPU; the closed loop is never batched)")
+    ap.add_argument("--step-compile", default="off",
+                    help="auto, on or off: the whole patched token compiled by torch.compile (patched mode; on: "
+                         "refused in one line without Triton or a C compiler; auto compiles nowhere yet, see "
+                         "step_graph.py)")
     ap.add_argument("--ops", action="store_true",
                     help="count operations and host reads per token instead of timing (no ratios)")
     ap.add_argument("--json", type=Path, help="also write the rows here (JSON)")
@@ -563,26 +564,27 @@ def main() -> None:
     kinds = a.stock.split(",")
     if not kinds or not set(kinds) <= set(STOCK) or len(set(kinds)) != len(kinds):
         sys.exit(f"--stock: one or more of {', '.join(STOCK)}, each once (got {a.stock})")
-    from experiments.patching.step_graph import GRAPHS
+    import torch
+
+    from experiments.core.errors import UserError
+    from experiments.patching.layer_stack import BATCH_LAYERS
+    from experiments.patching.step_graph import GRAPHS, use_compile
 
     modes_g = a.graphs.split(",")
     if not set(modes_g) <= set(GRAPHS) or len(set(modes_g)) != len(modes_g):
         sys.exit(f"--graphs: one or more of {', '.join(GRAPHS)}, each once (got {a.graphs})")
     if "on" in modes_g and not a.device.startswith("cuda"):
         sys.exit(f"--graphs on: CUDA graphs need a CUDA device (--device {a.device}); off or auto here")
-    if a.step_compile == "on":
-        from experiments.core.gpu_rates import compile_missing
-
-        missing = compile_missing("cuda" if a.device.startswith("cuda") else "cpu")
-        if missing:
-            sys.exit(f"--step-compile on: torch.compile needs {missing}; off or auto here")
+    if a.batch_layers not in BATCH_LAYERS:
+        sys.exit(f"--batch-layers: one of {', '.join(BATCH_LAYERS)} (got {a.batch_layers})")
+    try:  # before the model is loaded: the one line patched generation would give
+        use_compile(a.step_compile, torch.device("cuda" if a.device.startswith("cuda") else "cpu"))
+    except UserError as err:
+        sys.exit(f"--step-compile: {err}")
     if a.device.startswith("cuda"):
-        import torch
-
         if not torch.cuda.is_available():
             sys.exit("--device cuda: no CUDA device (torch.cuda.is_available() is False)")
     if a.model in SHAPES:  # a shape built here: refused in one line where it cannot fit, before anything starts
-        from experiments.core.errors import UserError
         from experiments.core.runtime import resolve_dtype
         from experiments.zoo.loading import check_fits
 

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from benchmarks.gpu_peaks import describe, peak_bf16
+from benchmarks.patch_bench import label
 
 SMALL = 1_000_000  # bytes: a run file larger than this stays behind
 TAIL = 15  # lines of a failed step's log in the summary
@@ -158,9 +159,7 @@ def bench_table(name: str, b: dict) -> list[str]:
         if "error" in r:
             lines.append(f"| {r['mode']} | {r.get('variant')} | {r['error']} | | | |")
         else:
-            graphs = r.get("cuda_graphs")  # the patched step recorded as a CUDA graph (patch_bench --graphs)
-            variant = (f"stock {r['stock']}" if r.get("stock") else
-                       (r.get("variant") or "") + (f" graphs={graphs}" if graphs not in (None, "off") else ""))
+            variant = label(r)  # patch_bench's own: stock kind, or variant + batched / graphs= / compiled
             lines.append(f"| {r['mode']} | {variant} | {r['ms_per_token']:.1f} | "
                          f"{r['ms_per_token'] / stock['ms_per_token']:.2f} | {r['peak_mb']:.0f} | "
                          f"{r['peak_mb'] / stock['peak_mb']:.2f} |")

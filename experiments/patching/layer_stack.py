@@ -117,12 +117,20 @@ def unstack(layer_stack: LayerStack | None) -> None:
     layer_stack.out.clear()
 
 
-def resolve(batch_layers: str, variant, device: torch.device) -> bool:
-    """Whether to stack: `auto` where it pays (a GPU: launches, not bytes, set a token's time there) and the
-    variant is an open loop; `on` asks for it (refused in one line for the closed loop); `off` never."""
+def stack_for(batch_layers: str, variant, adapter, layers: list[nn.Module]) -> LayerStack | None:
+    """The stack a Patcher patches from, or None (one layer at a time): `auto` where it pays (a GPU: launches,
+    not bytes, set a token's time there) and the variant is an open loop; `on` asks for it (refused in one line
+    for the closed loop, or where nothing stacks); `off` never."""
     if batch_layers not in BATCH_LAYERS:
         raise ValueError(f"batch_layers={batch_layers!r}: one of {', '.join(BATCH_LAYERS)}")
     if batch_layers == "on" and not variant.evidence:
         raise ValueError(f"batch_layers=on: {variant.name} solves each layer inside the pass, one after another "
                          "(only an open loop's layers are batched)")
-    return variant.evidence and (batch_layers == "on" or (batch_layers == "auto" and device.type == "cuda"))
+    device = next(layers[0].parameters()).device
+    if not variant.evidence or batch_layers == "off" or (batch_layers == "auto" and device.type != "cuda"):
+        return None
+    stack = stack_layers(adapter, layers)
+    if stack is None and batch_layers == "on":
+        raise ValueError(f"batch_layers=on: {adapter.family} has no input matrix that stacks across layers "
+                         "(nn.Linear, one shape in every layer)")
+    return stack

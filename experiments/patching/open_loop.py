@@ -96,12 +96,14 @@ def fill_all(patcher, targets: list[LayerCapture], calls: list[tuple[tuple, dict
     for layer, target, bufs, (args, kwargs) in zip(patcher.layers, targets, patcher.layer_bufs, calls, strict=True):
         bufs.begin()
         alones.append(alone_values(patcher, layer, target, module_input(args, kwargs), args, kwargs))
+    stacked: dict[str, tuple[Tensor, Tensor]] = {}  # input key -> every layer's (z_C, z): gate and up share z
     for name, layout in adapter.input_matrices.items():  # Thms 6–7 (+ the router, Thm 11)
         key = adapter.input_key(name)
         if name in layer_stack.stacks and layer_stack.intact(name):
-            z_c = torch.stack([target.values[key] for target in targets])
-            z = torch.stack([alone[key] for alone in alones])
-            input_update_rounded(layer_stack.stacks[name], layout, z_c, z,
+            if key not in stacked:
+                stacked[key] = (torch.stack([target.values[key] for target in targets]),
+                                torch.stack([alone[key] for alone in alones]))
+            input_update_rounded(layer_stack.stacks[name], layout, *stacked[key],
                                  _stacked_out(patcher, layer_stack, name), cdt)
             continue
         for layer, target, alone, bufs in zip(patcher.layers, targets, alones, patcher.layer_bufs, strict=True):

@@ -241,12 +241,7 @@ class Patcher:
         self._mask = self._whole_query_mask()  # the query-alone pass's attention mask, where the model takes it
         # batch_layers: an open loop's input matrices patched in all layers at once, from stacked weights
         # (layer_stack.py; `auto` on a GPU). The stacking moves the model's own parameters, once, here.
-        device = next(self.lm.parameters()).device
-        stacked = layer_stack.resolve(batch_layers, self.variant, device)
-        self.layer_stack = layer_stack.stack_layers(self.adapter, self.layers) if stacked else None
-        if batch_layers == "on" and self.layer_stack is None:
-            raise ValueError(f"batch_layers=on: {self.adapter.family} has no input matrix that stacks across layers "
-                             "(nn.Linear, one shape in every layer)")
+        self.layer_stack = layer_stack.stack_for(batch_layers, self.variant, self.adapter, self.layers)
         names = {id(m): n for n, m in model.named_modules()}
         self.layer_names = [names[id(layer)] for layer in self.layers]
         self._inside = False

@@ -126,11 +126,7 @@ def add_rank1_by_rows(W: Tensor, coef: Coefficients, vec: Tensor, out: Tensor | 
     # last-level cache (measured: 3 % of a patched Llama 3.2 1B pass on 2 cores)
     for g, rows in reversed(_blocks(groups, W3.shape[1], W3.shape[2] * vec3.element_size(), W.device)):
         w = _in_compute_dtype(W3[g, rows], cdt)
-        slot = c_all[g, rows]
-        c = coef3(w, g, rows, slot) if callable(coef3) else coef3[g, rows].to(cdt)
-        if c is not slot:
-            slot.copy_(c)
-        _rank1_into(w, c, vec3[g], O3[g, rows])
+        _rank1_into(w, _block_coefficients(coef3, w, g, rows, c_all[g, rows], cdt), vec3[g], O3[g, rows])
     return c_all if stacked else c_all.reshape(-1)
 
 
@@ -156,11 +152,17 @@ def _coefficients(W3: Tensor, coef: Coefficients, vec3: Tensor, cdt: torch.dtype
         return coef.to(cdt)
     c = torch.empty(W3.shape[:2], dtype=cdt, device=W3.device)
     for g, rows in _blocks(W3.shape[0], W3.shape[1], W3.shape[2] * vec3.element_size(), W3.device):
-        slot = c[g, rows]
-        written = coef(_in_compute_dtype(W3[g, rows], cdt), g, rows, slot)
-        if written is not slot:
-            slot.copy_(written)
+        _block_coefficients(coef, _in_compute_dtype(W3[g, rows], cdt), g, rows, c[g, rows], cdt)
     return c
+
+
+def _block_coefficients(coef: Coefficients, w: Tensor, groups: slice, rows: slice, slot: Tensor,
+                        cdt: torch.dtype) -> Tensor:
+    """A block's coefficients, in their slot of the coefficient vector (written there by `coef` where it can)."""
+    c = coef(w, groups, rows, slot) if callable(coef) else coef[groups, rows].to(cdt)
+    if c is not slot:
+        slot.copy_(c)
+    return slot
 
 
 def input_update_rounded(W: Tensor, layout: str, z_c: Tensor, z: Tensor, out, cdt: torch.dtype) -> Tensor:

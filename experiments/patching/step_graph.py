@@ -220,10 +220,11 @@ def recorded_step(patcher, graphs: str, inputs: dict, max_new_tokens: int, captu
     if max_new_tokens < 1:
         return None
     strict = (compile if asked == "compile" else graphs) == "on"
+    falls_back = Exception if asked == "compile" else RuntimeError  # torch.cuda's errors; a compiler's, any kind
     try:
         return GraphedStep(patcher, inputs, max_new_tokens, capture)
-    except Exception as err:  # torch.cuda's errors are RuntimeErrors; a compilation's, of many kinds
-        if strict or not isinstance(err, RuntimeError if asked == "graphs" else Exception):
+    except falls_back as err:
+        if strict:
             raise
         log.warning("%s=auto: %s the patched step failed (%s); the eager step runs instead", asked,
                     "recording" if asked == "graphs" else "compiling",
