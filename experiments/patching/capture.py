@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from experiments.patching.block import Block
+from experiments.patching.taps import attach_post, attach_pre
 
 
 class StopAtMLP(Exception):
@@ -75,18 +76,16 @@ def register_captures(adapter: Block, layer: nn.Module, values: dict, stop_at_ml
         return hook
 
     if adapter.residual_at:
-        handles.append(_module(layer, adapter.residual_at).register_forward_pre_hook(keep_input("v")))
+        handles.append(attach_pre(_module(layer, adapter.residual_at), keep_input("v")))
     else:
-        handles.append(_module(layer, adapter.attention).register_forward_hook(keep_output("attn")))
-    handles.append(_module(layer, adapter.mlp).register_forward_pre_hook(keep_input("z", stop_at_mlp),
-                                                                         with_kwargs=True))
+        handles.append(attach_post(_module(layer, adapter.attention), keep_output("attn")))
+    handles.append(attach_pre(_module(layer, adapter.mlp), keep_input("z", stop_at_mlp), with_kwargs=True))
     for path in adapter.input_modules:
-        handles.append(_module(layer, path).register_forward_pre_hook(keep_input(f"z@{path}", stop_at_mlp),
-                                                                      with_kwargs=True))
+        handles.append(attach_pre(_module(layer, path), keep_input(f"z@{path}", stop_at_mlp), with_kwargs=True))
     for name, (path, where) in adapter.captures.items():
         m = _module(layer, path)
-        handles.append(m.register_forward_pre_hook(keep_input(name), with_kwargs=True) if where == "input"
-                       else m.register_forward_hook(keep_output(name)))
+        handles.append(attach_pre(m, keep_input(name), with_kwargs=True) if where == "input"
+                       else attach_post(m, keep_output(name)))
     return handles
 
 
@@ -116,8 +115,8 @@ def capture_context(adapter: Block, layers: nn.ModuleList) -> Iterator[list[Laye
         return hook
 
     for layer, cap in zip(layers, caps, strict=True):
-        handles += [layer.register_forward_pre_hook(keep_in(cap), with_kwargs=True),
-                    layer.register_forward_hook(keep_out(cap), with_kwargs=True)]
+        handles += [attach_pre(layer, keep_in(cap), with_kwargs=True),
+                    attach_post(layer, keep_out(cap), with_kwargs=True)]
         handles += register_captures(adapter, layer, cap.values)
     try:
         yield caps
@@ -139,7 +138,7 @@ def record_outputs(layers: nn.ModuleList) -> Iterator[list[Tensor]]:
 
         return hook
 
-    handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(layers)]
+    handles = [attach_post(layer, keep(i)) for i, layer in enumerate(layers)]
     try:
         yield record  # type: ignore[misc]
     finally:

@@ -42,6 +42,7 @@ from experiments.patching.rounded import PatchBuffers, input_update_rounded
 from experiments.patching.rules import OUTER_WEIGHT, LayerPatchStats
 from experiments.patching.rules.base import OutputRule
 from experiments.patching.rules.base import module_input as _input
+from experiments.patching.taps import attach_pre
 
 
 def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCapture, args: tuple, kwargs: dict,
@@ -80,11 +81,11 @@ def patched_layer_forward(adapter: BlockAdapter, layer: nn.Module, cap: LayerCap
         done.append("output")
 
     handles = register_captures(adapter, layer, values)
-    handles.append(layer.get_submodule(adapter.mlp).register_forward_pre_hook(patch_inputs, with_kwargs=True))
+    handles.append(attach_pre(layer.get_submodule(adapter.mlp), patch_inputs, with_kwargs=True))
     if pre_norm:
-        handles.append(layer.get_submodule(pre_norm.rsplit(".", 1)[0]).register_forward_pre_hook(
-            patch_pre_norm, with_kwargs=True))
-    handles.append(adapter.owner(layer).register_forward_pre_hook(patch_output, with_kwargs=True))
+        handles.append(attach_pre(layer.get_submodule(pre_norm.rsplit(".", 1)[0]), patch_pre_norm,
+                                  with_kwargs=True))
+    handles.append(attach_pre(adapter.owner(layer), patch_output, with_kwargs=True))
     try:
         output = functional_call(layer, bufs.tensors, args, kwargs)
     finally:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from experiments.patching import taps
 from experiments.patching.kinds import ADVANCE_CONTEXT, ADVANCE_MODES, ADVANCE_PATCHED
 from experiments.patching.patcher import PatchedPass, Patcher
 from experiments.patching.step_graph import Capture, recorded_step
@@ -201,12 +202,19 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
     static KV cache, the patched pass, the greedy choice) can be recorded once as a CUDA graph and replayed
     (`graphs`: auto, on, off; step_graph.py; `capture` for its tests), or compiled (`compile`: auto, on, off); its
     time is then all `patch_ms`."""
-    ids = inputs["input_ids"]
     if choose is not None and (graphs != "off" or compile != "off"):
         raise ValueError("graphs, compile: a recorded step chooses greedily; a `choose` of its own runs with "
                          "graphs=off compile=off")
     choose = choose or (lambda logits: logits.argmax())
     patcher.read_deferred()  # what an abandoned generation left queued is its own: read (and judged) now
+    with taps.session():  # the hooks the first token places stay for the others (taps.py)
+        yield from _generate(patcher, inputs, max_new_tokens, choose, stop_ids, graphs, capture, compile)
+    patcher.read_deferred()
+
+
+def _generate(patcher: Patcher, inputs: dict, max_new_tokens: int, choose: Callable, stop_ids: set[int] | None,
+              graphs: str, capture: Capture | None, compile: str) -> Iterator[GeneratedToken]:
+    ids = inputs["input_ids"]
     recorded = recorded_step(patcher, graphs, inputs, max_new_tokens, capture, compile)
     cache, query = (None, None) if recorded else patcher.start(inputs)
     for step in range(max_new_tokens):
@@ -226,4 +234,3 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
             query = token.reshape(1, 1)
         if stop_ids and int(token) in stop_ids:
             break
-    patcher.read_deferred()

@@ -55,6 +55,7 @@ from experiments.patching.open_loop import fill_all
 from experiments.patching.rounded import PatchBuffers, RankOneAction, compute_dtype
 from experiments.patching.rules import LayerPatchStats
 from experiments.patching.rules.base import module_input
+from experiments.patching.taps import attach_post, attach_pre, replace_forward
 from experiments.patching.variants import Variant, check_apply, check_variant
 
 
@@ -118,11 +119,14 @@ class PatchedPass:
         device = parts[0].device
         vector = torch.cat([t.to(device).reshape(-1) for t in parts])
         messages = [message for _, message in checks]
-        take = functools.partial(self._take, stat_fields, messages, 2 * len(self._pending))
+        n = 2 * len(self._pending)
         if defer is not None:
-            defer.append((take, vector))
+            # compiled (step_graph.py), a pass hands on its values alone: what takes them is the same every token,
+            # and the compiled step keeps the one its eager first run made
+            defer.append((None if torch.compiler.is_compiling()
+                          else functools.partial(self._take, stat_fields, messages, n), vector))
             return self
-        return take(vector.tolist())
+        return self._take(stat_fields, messages, n, vector.tolist())
 
     def _take(self, stat_fields: list, messages: list[str], n: int, values: list[float]) -> PatchedPass:
         """The read values into the pass: `n` error values (two a layer), the statistics, the checks (the first
@@ -188,7 +192,7 @@ def register_router_capture(adapter, layer: nn.Module, values: dict):
 
     if where == "input":
         raise ValueError(f"{adapter.family}: the router capture must be a module output")
-    return layer.get_submodule(path).register_forward_hook(hook)
+    return attach_post(layer.get_submodule(path), hook)
 
 
 @contextmanager
@@ -213,7 +217,7 @@ def register_actions(model: nn.Module, actions: dict[str, RankOneAction]) -> lis
         def hook(_m, args, output, action=action, conv1d=type(module).__name__ == "Conv1D"):
             return output + action.correction(args[0], conv1d)
 
-        handles.append(module.register_forward_hook(hook))
+        handles.append(attach_post(module, hook))
     return handles
 
 
@@ -228,6 +232,8 @@ class Patcher:
         self.variant: Variant = check_variant(self.adapter, variant)
         self.apply = check_apply(self.adapter, self.variant, apply)
         self.lm = self.adapter.decoder(model)
+        # the cache's keyword of each, asked once here (not in a compiled step: `inspect` is no graph's business)
+        self.model_cache, self.lm_cache = _cache_name(model), _cache_name(self.lm)
         self.text_config = self.lm.config
         self.layers = self.adapter.layers(model)
         self.dtype = next(self.lm.parameters()).dtype
@@ -250,7 +256,7 @@ class Patcher:
     @torch.no_grad()
     def prefill(self, inputs: dict, cache=None, **kwargs):
         """The with-context cache of `inputs` (a fresh dynamic one, or filled into `cache`, e.g. a static one)."""
-        name = _cache_name(self.model)
+        name = self.model_cache
         given = {} if cache is None else {name: cache}
         return getattr(self.model(**inputs, **given, use_cache=True, logits_to_keep=1, **kwargs), name)
 
@@ -274,10 +280,10 @@ class Patcher:
         the targets and the record are the same bits."""
         with capture_context(self.adapter, self.layers) as targets, record_outputs(self.layers) as record:
             if not logits:
-                name = _cache_name(self.lm)
+                name = self.lm_cache
                 cache = getattr(self.lm(**inputs, **{name: cache}, use_cache=True), name)
                 return ContextStep(None, targets, record, cache)
-            name = _cache_name(self.model)
+            name = self.model_cache
             out = self.model(**inputs, **{name: cache}, use_cache=True, logits_to_keep=1)
         return ContextStep(out.logits[0, -1].to(self.logit_dtype), targets, record, getattr(out, name))
 
@@ -349,7 +355,7 @@ class Patcher:
 
             return hook
 
-        handles = [layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(self.layers)]
+        handles = [attach_pre(layer, keep(i), with_kwargs=True) for i, layer in enumerate(self.layers)]
         try:
             yield calls
         finally:
@@ -383,28 +389,28 @@ class Patcher:
     # -- the patched side ---------------------------------------------------------------------------
     @torch.no_grad()
     def patched_pass(self, query: Tensor, step: ContextStep, keep: dict | None = None,
-                     variant: Variant | None = None, defer: bool = False) -> PatchedPass:
+                     variant: Variant | None = None, defer: bool | list = False) -> PatchedPass:
         """The model's forward of the query token alone with every layer patched by `variant` (the patcher's
         own by default) from `step.targets`, each layer's output compared with `step.record`. An open loop:
         all patches first, then the stock forward with them (`open_loop_pass`); a closed loop: each layer
         solved inside the pass. With `keep`, the patched tensors are also copied into it under their full
         parameter names. With `defer`, the pass reads nothing back to the host: its errors, statistics and
-        value checks wait on the device for `read_deferred` (its logits are there at once)."""
+        value checks wait on the device for `read_deferred` (its logits are there at once), or in the list
+        `defer` is (a recorded step's own)."""
         variant = variant or self.variant
-        into = self._deferred if defer else None
+        into = defer if isinstance(defer, list) else self._deferred if defer else None
         if variant.evidence:
             return self.open_loop_pass(query, step, keep, variant, into)
         result = PatchedPass(logits=None, hidden_linf=[], hidden_rel=[])
-        originals = []
-        for index, layer in enumerate(self.layers):
-            originals.append(layer)
-            layer.forward = self._intercept(variant, index, layer, step, result, keep)
+        replaced = []
         try:
+            for index, layer in enumerate(self.layers):
+                replaced.append(replace_forward(layer, self._intercept(variant, index, layer, step, result, keep)))
             with deferred_checks() as checks:
                 out = self.model(input_ids=query.view(1, 1), use_cache=False, **self.query_mask())
         finally:
-            for layer in originals:
-                del layer.forward
+            for forward in replaced:
+                forward.remove()
         result.logits = out.logits[0, -1].to(self.logit_dtype)
         return result.finish(checks, into)
 

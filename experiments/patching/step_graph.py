@@ -19,14 +19,17 @@ which experts fired back to the host, which a graph cannot hold); a recording th
 step with one line (GPT-2's forward, for one, checks its input for padding on the host). `graphs=on` refuses, in
 one line, where it cannot.
 
-`compile=on` compiles the same step with `torch.compile` (`compiled_capture`; fixed shapes; with graphs on a GPU as
+`compile=on` compiles the same step with `torch.compile` (`compiled_capture`; with graphs on a GPU as
 `mode="reduce-overhead"`, inductor's own CUDA graphs): the operations fused into fewer kernels, not only launched at
-once. It gives the eager tokens, but it does not yet compile once: the step registers its capture hooks every
-pass, and each new hook handle moves a class-wide counter (`RemovableHandle.next_id`) that torch.compile guards on,
-so one frame is compiled again every token (tiny-llama: 19 graphs for the first token, one more every token after;
-and a graph break at every hook registration). Until the hooks are placed once, `compile=auto` compiles nowhere
-(one line on a GPU); a compilation that fails falls back to the eager step with one line (auto) or raises (on).
-`compile=on` without Triton (CUDA) or a C compiler: refused in one line.
+once. It compiles once: the hooks a pass reads through are placed once (taps.py) by one eager run before the
+compilation, the closed loop's solve is placed on each layer once instead of swapping forwards every pass, a
+pass's values go into a list of the step's own, and a sliding-window cache's Python count is put back with the
+device state (`_host_counts`); so the first token's graphs serve every token after it, without a graph break (a
+test: tiny Llama naive and closed_loop, tiny Gemma 3 conditioned, torch.compile's eager backend). `compile=auto`
+compiles on a GPU where torch.compile has Triton; on the CPU it runs uncompiled with one line (inductor's C++ for
+a whole patched token takes minutes there; `on` compiles it anyway); a compilation that fails falls back to the
+eager step with one line (auto) or raises (on). `compile=on` without Triton (CUDA) or a C compiler: refused in one
+line.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def check_compile(compile: str) -> str:
 
 def use_compile(compile: str, device: torch.device) -> bool:
     """Whether to compile the step: `on` where torch.compile has what it needs (else a one-line refusal), `auto` on
-    a GPU where it has (else one line, and the step runs uncompiled), `off` never."""
+    a GPU where it has (elsewhere one line, and the step runs uncompiled), `off` never."""
     if check_compile(compile) == "off":
         return False
     missing = compile_missing(device.type)
@@ -94,10 +97,12 @@ def use_compile(compile: str, device: torch.device) -> bool:
             raise UserError(f"compile=on: torch.compile on {device.type} needs {missing}; use compile=auto or "
                             "compile=off")
         return True
-    if device.type == "cuda":  # where it would pay: not yet (docs/benchmarks.md, issue 54)
-        log.info("compile=auto: the patched step registers its hooks every pass, which makes torch.compile compile "
-                 "it again every token; it runs uncompiled (compile=on compiles it anyway)")
-    return False
+    if device.type != "cuda" or missing:
+        log.info("compile=auto: the patched step runs uncompiled here (%s); compile=on compiles it anyway",
+                 f"torch.compile on {device.type} needs {missing}" if missing
+                 else "compiled on a GPU only: inductor's C++ for a whole patched token takes minutes on a CPU")
+        return False
+    return True
 
 
 def compiled_capture(mode: str | None = None, backend: str = "inductor") -> Capture:
@@ -105,7 +110,7 @@ def compiled_capture(mode: str | None = None, backend: str = "inductor") -> Capt
     and reduce-overhead's CUDA graph recording), then once for its outputs; a replay runs the compiled step and
     writes its outputs into those. `backend="eager"` traces without generating code (tests)."""
     def capture(run: Run) -> tuple[Callable[[], None], tuple[Tensor, ...]]:
-        compiled = torch.compile(run, mode=mode, backend=backend, dynamic=False)
+        compiled = torch.compile(run, mode=mode, backend=backend, dynamic=None)
         for _ in range(WARMUP):
             compiled()
         outputs = tuple(t.clone() for t in compiled())
@@ -168,10 +173,14 @@ class GraphedStep:
         self.position = torch.tensor([n - 1], device=ids.device)
         state = self._device_state()
         first = [t.clone() for t in state]
+        counted = self._host_counts()
+        self._run()  # once eagerly, so what a pass places once (taps.py, the query's call arguments) is in place
         self.replay, (self.token, self.vector) = capture(self._run)
         # the warm-up and recording runs wrote the first token's keys and moved the step on: back to the start
         # (the first replay writes the same cache slot again)
         torch._foreach_copy_(state, first)
+        for layer, count in counted:
+            layer.cumulative_length_int = count
 
     def _device_state(self) -> list[Tensor]:
         """What a step moves on, in place on the device: the query, its position, and each cache layer's own
@@ -181,12 +190,21 @@ class GraphedStep:
                   if isinstance(c := getattr(layer, "cumulative_length", None), Tensor)]
         return [self.query, self.position, *counts]
 
+    def _host_counts(self) -> list[tuple[object, int]]:
+        """A sliding-window cache layer's count kept as a Python int beside the device one (transformers 5.x): what
+        a replay never moves, the warm-up and recording runs must not have moved either."""
+        return [(layer, layer.cumulative_length_int) for layer in getattr(self.cache, "layers", [])
+                if isinstance(getattr(layer, "cumulative_length_int", None), int)]
+
     def _run(self) -> tuple[Tensor, Tensor]:
         patcher = self.patcher
         step = patcher.context_step({"input_ids": self.query, "cache_position": self.position}, self.cache,
                                     logits=False)
-        token = patcher.patched_pass(self.query, step, defer=True).logits.argmax()
-        self.take, vector = patcher._deferred.pop()
+        queue: list = []
+        token = patcher.patched_pass(self.query, step, defer=queue).logits.argmax()
+        take, vector = queue[0]
+        if take is not None:  # None compiled (PatchedPass.finish): the eager first run's stays
+            self.take = take
         self.query.copy_(token.view(1, 1))
         self.position.add_(1)
         return token, vector
