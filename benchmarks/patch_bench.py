@@ -449,16 +449,19 @@ def count_stock(bundle, inputs, tokens: int, stock: str) -> dict:
             "host_reads_per_token": diff.host_reads / tokens, "by_op": dict(diff.by_op.most_common(12))}
 
 
-def count_patched(bundle, inputs, tokens: int, variant: str, apply: str, batch_layers: str = "auto") -> dict:
+def count_patched(bundle, inputs, tokens: int, variant: str, apply: str, batch_layers: str = "auto",
+                  step_compile: str = "off") -> dict:
     """Patched generation's (`generate.patched_generate`) operations and host reads per token, the first token
     (the prefill and the first call's caches) not counted, as it is not timed; split into the with-context step
     (`Patcher.context_step`, counted around each of its calls) and the rest: the patches, the patched forward
-    and the argmax read back."""
+    and the argmax read back. `step_compile="on"`: the compiled step's kernels instead (`count_compiled`)."""
     from experiments.core.op_count import count_ops, per_token
     from experiments.patching.generate import patched_generate
     from experiments.patching.patcher import Patcher
 
     patcher = Patcher(bundle.model, variant, apply, batch_layers=batch_layers)
+    if step_compile == "on":
+        return count_compiled(patcher, inputs, tokens, variant, apply)
     context, step = [], patcher.context_step
 
     def counted_context(*args, **kwargs):
@@ -483,6 +486,29 @@ def count_patched(bundle, inputs, tokens: int, variant: str, apply: str, batch_l
             "patch_by_op": dict(rest.by_op.most_common(12))}
 
 
+def count_compiled(patcher, inputs, tokens: int, variant: str, apply: str) -> dict:
+    """The compiled patched step's kernels and host reads per token (`op_count.count_launches`: inductor's fused
+    kernels and the ATen operations its code calls), the first token (the compilation) not counted; one compiled
+    region, so no split into the with-context step and the rest."""
+    import torch._inductor.config as inductor
+
+    from experiments.core.op_count import count_launches, per_token
+    from experiments.patching.generate import patched_generate
+
+    inductor.cpp.enable_kernel_profile = True  # each fused kernel a profiler event (before it is compiled)
+    tokens_run = patched_generate(patcher, inputs, tokens + 1, compile="on")
+    totals = []
+    for _ in range(tokens + 1):
+        with count_launches() as count:
+            next(tokens_run)
+        totals.append(count)
+    ops, reads = per_token(totals[1:])
+    rest = sum(totals[1:], start=type(totals[0])())
+    return {"what": "patched", "variant": variant, "apply": apply,
+            "batch_layers": patcher.layer_stack is not None, "step_compile": "on", "ops_per_token": ops,
+            "host_reads_per_token": reads, "patch_by_op": dict(rest.by_op.most_common(12))}
+
+
 def count_all(args: argparse.Namespace, variants: list[str]) -> list[dict]:
     """--ops: the stock rows that run eagerly (a compiled one is counted as its static cache's eager step),
     then every (variant, apply) of patched generation; one process, one model."""
@@ -495,7 +521,7 @@ def count_all(args: argparse.Namespace, variants: list[str]) -> list[dict]:
         for apply in args.apply.split(","):
             try:
                 rows.append(count_patched(bundle, inputs, args.tokens, variant, apply,
-                                          getattr(args, "batch_layers", "auto")))
+                                          getattr(args, "batch_layers", "auto"), getattr(args, "step_compile", "off")))
             except Exception as err:
                 rows.append({"what": "patched", "variant": variant, "apply": apply,
                              "error": f"{type(err).__name__}: {err}"})
@@ -504,7 +530,8 @@ def count_all(args: argparse.Namespace, variants: list[str]) -> list[dict]:
 
 def print_ops(args: argparse.Namespace, rows: list[dict]) -> None:
     print(f"{args.model} {args.dtype} on {args.device}: per generated token ({args.tokens} tokens, the first not "
-          f"counted), PyTorch operations (ATen, views excluded) and host reads (.item(), int(), bool(), .tolist())")
+          f"counted), PyTorch operations (ATen, views excluded) and host reads (.item(), int(), bool(), .tolist()); "
+          "a compiled step's: its fused kernels and the ATen operations its code calls")
     print(f"{'what':<9}{'variant':<20}{'apply':<14}{'ops/token':>11}{'host reads/token':>18}"
           f"{'with-context ops':>18}{'its host reads':>16}{'patches+forward ops':>21}")
     for r in rows:

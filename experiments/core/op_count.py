@@ -94,3 +94,45 @@ def per_token(counts: list[OpCount]) -> tuple[float, float]:
     if not counts:
         raise ValueError("no tokens counted")
     return sum(c.ops for c in counts) / len(counts), sum(c.host_reads for c in counts) / len(counts)
+
+
+ALLOCATIONS = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.resolve_conj",
+                         "aten.resolve_neg"})  # memory handed out, or the tensor itself back: nothing computed
+FUSED = "inductor fused kernel"
+
+
+def _launched(name: str) -> str | None:
+    """The profiler event `name` as what `count_launches` counts it as, or None for one it does not count."""
+    if "cpp_fused" in name or "triton_" in name:
+        return FUSED
+    if not name.startswith("aten::"):
+        return None
+    qualified = name.replace("::", ".")
+    packet = getattr(torch.ops.aten, name.removeprefix("aten::"), None)
+    view = packet is not None and any(getattr(packet, o).is_view for o in packet.overloads())
+    return None if view or qualified in UNMARKED_VIEWS or qualified in ALLOCATIONS else qualified
+
+
+@contextmanager
+def count_launches() -> Iterator[OpCount]:
+    """What a step compiled by torch.compile runs on the CPU, counted as `count_ops` counts an eager one: each of
+    inductor's fused kernels (`FUSED`; seen where `torch._inductor.config.cpp.enable_kernel_profile` was on when it
+    was compiled) and each ATen operation its code calls (matrix products, attention), views and allocations
+    excluded, an operation another one calls not counted again. A compiled step's operations do not reach a
+    `TorchDispatchMode` (under one, it runs eagerly), so they are read off the profiler's record; the counts fill in
+    when the block ends. Host reads: its `_local_scalar_dense` calls (a `tolist` would break the graph)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    count = OpCount()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield count
+    for event in prof.events():
+        parent = event.cpu_parent
+        if parent is not None and (parent.name.startswith("aten::") or "cpp_fused" in parent.name):
+            continue  # called by an operation already counted
+        what = _launched(event.name)
+        if what is None:
+            continue
+        count.ops += 1
+        count.by_op[what] += 1
+        count.host_reads += what == SCALAR_READ

@@ -166,18 +166,55 @@ def reference_for(witness: Witness, inputs: dict, steps: list[Step]) -> Referenc
     return witness.reference(inputs, [st.query_id for st in steps[1:]], len(steps))
 
 
+class Span:
+    """A timed stretch of a token's work. On CUDA two events recorded on the stream around it, read when `ms` is
+    first asked (waiting then for that one event): nothing waits for the GPU between tokens, so the host queues
+    the next token while the card runs this one. Elsewhere the clock, read as the stretch ends."""
+
+    def __init__(self, device: torch.device):
+        self._ms: float | None = None
+        self.events = None
+        if device.type == "cuda":
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> Span:
+        if self.events is not None:
+            self.events[1].record()
+        else:
+            self._ms = 1000.0 * (time.perf_counter() - self.t0)
+        return self
+
+    @property
+    def ms(self) -> float:
+        if self._ms is None:
+            self.events[1].synchronize()
+            self._ms = self.events[0].elapsed_time(self.events[1])
+        return self._ms
+
+
 @dataclass
 class GeneratedToken:
     """One token of patched generation, chosen by the patched model."""
 
     step: int
     token: Tensor  # the token, 0-d on the model's device: reading it (`token_id`) is a read back to the host
-    context_ms: float  # the with-context decoder body, KV-cached: the targets only
-    patch_ms: float  # the patches and the patched forward
+    context: Span | None  # the with-context decoder body, KV-cached: the targets only (None: in `patch`, recorded)
+    patch: Span  # the patches and the patched forward
 
     @property
     def token_id(self) -> int:
         return int(self.token)
+
+    @property
+    def context_ms(self) -> float:
+        return 0.0 if self.context is None else self.context.ms
+
+    @property
+    def patch_ms(self) -> float:
+        return self.patch.ms
 
     @property
     def ms(self) -> float:
@@ -197,11 +234,11 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
     Once warmed, a token reads nothing back to the host (issue 54; a test counts it): the chosen token stays
     on the device as the next query, the patched pass's mask is given whole (`Patcher.query_mask`), and the
     passes' statistics and value checks wait on the device until the last token (`Patcher.read_deferred`,
-    one read; a failed check raises there). Only `stop_ids` reads each token, to know whether to stop; and
-    the timers synchronize a GPU (they wait, they read nothing). So the whole token (the with-context step on a
-    static KV cache, the patched pass, the greedy choice) can be recorded once as a CUDA graph and replayed
-    (`graphs`: auto, on, off; step_graph.py; `capture` for its tests), or compiled (`compile`: auto, on, off); its
-    time is then all `patch_ms`."""
+    one read; a failed check raises there). Only `stop_ids` reads each token, to know whether to stop; the
+    timers are CUDA events on a GPU (`Span`), read when a token's time is asked, so nothing waits between
+    tokens. So the whole token (the with-context step on a static KV cache, the patched pass, the greedy choice)
+    can be recorded once as a CUDA graph and replayed (`graphs`: auto, on, off; step_graph.py; `capture` for its
+    tests), or compiled (`compile`: auto, on, off); its time is then all `patch_ms`."""
     if choose is not None and (graphs != "off" or compile != "off"):
         raise ValueError("graphs, compile: a recorded step chooses greedily; a `choose` of its own runs with "
                          "graphs=off compile=off")
@@ -219,18 +256,18 @@ def _generate(patcher: Patcher, inputs: dict, max_new_tokens: int, choose: Calla
     cache, query = (None, None) if recorded else patcher.start(inputs)
     for step in range(max_new_tokens):
         if recorded:
-            t0 = _now()
+            span = Span(ids.device)
             token = recorded()
-            yield GeneratedToken(step, token, 0.0, _ms(t0))
+            yield GeneratedToken(step, token, None, span.stop())
         else:
-            t0 = _now()
+            context = Span(ids.device)
             ctx = patcher.context_step({"input_ids": query}, cache, logits=False)
             cache = ctx.cache
-            context_ms = _ms(t0)
-            t0 = _now()
+            context.stop()
+            span = Span(ids.device)
             token = choose(patcher.patched_pass(query, ctx, defer=True).logits)
             token = token if isinstance(token, Tensor) else torch.tensor(token, device=ids.device)
-            yield GeneratedToken(step, token, context_ms, _ms(t0))
+            yield GeneratedToken(step, token, context, span.stop())
             query = token.reshape(1, 1)
         if stop_ids and int(token) in stop_ids:
             break
