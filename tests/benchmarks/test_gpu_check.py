@@ -47,8 +47,8 @@ def test_dry_fake_run_lists_every_step(tmp_path):
     names = [s.name for p in phases for lane in p.lanes for s in lane]
     assert {"02_pytest_gpu", "03_patch_match_tiny_families", "04_context_compile_moe", "05_gemma_match_image",
             "22_gemma_match_parallel",
-            "30_gpt_wq_torchrun", "31_patch_bench_float32", "32_patch_bench_bfloat16",
-            "33_stock_compiled_bfloat16", "34_gpt_wq_paper"} <= set(names)
+            "30_gpt_wq_torchrun", "32_patch_bench_bfloat16", "33_stock_compiled_bfloat16", "34_gpt_wq_paper",
+            "36_patched_compiled_bfloat16"} <= set(names)
     text = (out / "summary.md").read_text()
     data = json.loads((out / "summary.json").read_text())
     assert sorted(r["name"] for r in data["steps"]) == sorted(names)
@@ -82,16 +82,16 @@ def test_what_failed_goes_to_the_cpu(tmp_path):
     for name, status in (("linreg_icl", "complete"), ("rnn_context", "failed")):
         (Path(smoke.runs) / name).mkdir(parents=True)
         (Path(smoke.runs) / name / "run.json").write_text(json.dumps({"status": status}))
-    results = {smoke.name: "failed", "31_patch_bench_float32": "timed_out", "01_probe": "failed",
+    results = {smoke.name: "failed", "32_patch_bench_bfloat16": "timed_out", "01_probe": "failed",
                "30_gpt_wq_torchrun": "passed"}
     again = {s.name: s for lane in plan.cpu_reruns(phases, results, "python3", tmp_path).lanes for s in lane}
-    assert set(again) == {f"{smoke.name}.cpu", "31_patch_bench_float32.cpu"}  # the probe has no CPU form
+    assert set(again) == {f"{smoke.name}.cpu", "32_patch_bench_bfloat16.cpu"}  # the probe has no CPU form
     rerun = again[f"{smoke.name}.cpu"].argv
     assert rerun[rerun.index("--only") + 1] == "multilayer_ln,rnn_context"  # not the one that completed
-    bench = again["31_patch_bench_float32.cpu"]
+    bench = again["32_patch_bench_bfloat16.cpu"]
     assert bench.env == {"CUDA_VISIBLE_DEVICES": ""} and "cuda" not in " ".join(bench.argv)
     assert "cuda" in " ".join(next(s for p in phases for lane in p.lanes for s in lane
-                                   if s.name == "31_patch_bench_float32").argv)
+                                   if s.name == "32_patch_bench_bfloat16").argv)
 
 
 def test_the_summary_tells_a_cuda_problem_from_one_of_both():
@@ -166,8 +166,8 @@ def test_the_timings_alone(tmp_path):
     done = check("--fake", "--dry", "--phases", "timings", "--out", str(out), "--budget", "60")
     assert done.returncode == 0, done.stdout + done.stderr
     ran = {json.loads(p.read_text())["name"] for p in (out / "steps").glob("*.json")}
-    assert ran == {"31_patch_bench_float32", "32_patch_bench_bfloat16", "33_stock_compiled_bfloat16",
-                   "34_gpt_wq_paper", "35_patch_bench_largest_bfloat16"}
+    assert ran == {"32_patch_bench_bfloat16", "33_stock_compiled_bfloat16", "34_gpt_wq_paper",
+                   "35_patch_bench_largest_bfloat16", "36_patched_compiled_bfloat16"}
     bad = check("--fake", "--dry", "--phases", "timing", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "--phases: no phase timing" in bad.stderr and not (tmp_path / "bad").exists()
 
