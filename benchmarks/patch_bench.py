@@ -532,14 +532,14 @@ def print_ops(args: argparse.Namespace, rows: list[dict]) -> None:
     print(f"{args.model} {args.dtype} on {args.device}: per generated token ({args.tokens} tokens, the first not "
           f"counted), PyTorch operations (ATen, views excluded) and host reads (.item(), int(), bool(), .tolist()); "
           "a compiled step's: its fused kernels and the ATen operations its code calls")
-    print(f"{'what':<9}{'variant':<20}{'apply':<14}{'ops/token':>11}{'host reads/token':>18}"
+    print(f"{'what':<9}{'variant':<24}{'apply':<14}{'ops/token':>11}{'host reads/token':>18}"
           f"{'with-context ops':>18}{'its host reads':>16}{'patches+forward ops':>21}")
     for r in rows:
         if "error" in r:
-            print(f"{r['what']:<9}{r['variant']:<20}{r.get('apply') or '':<14}  {r['error']}")
+            print(f"{r['what']:<9}{r['variant']:<24}{r.get('apply') or '':<14}  {r['error']}")
             continue
         name = label(r) if r["what"] == "patched" else r["variant"]
-        line = f"{r['what']:<9}{name:<20}{r.get('apply') or '':<14}{r['ops_per_token']:>11.1f}" \
+        line = f"{r['what']:<9}{name:<24}{r.get('apply') or '':<14}{r['ops_per_token']:>11.1f}" \
                f"{r['host_reads_per_token']:>18.1f}"
         if "context_ops" in r:
             line += f"{r['context_ops']:>18.1f}{r['context_host_reads']:>16.1f}" \
