@@ -127,12 +127,11 @@ def count_launches() -> Iterator[OpCount]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         yield count
     for event in prof.events():
+        count.host_reads += event.name == "aten::_local_scalar_dense"  # under `item`, or alone
         parent = event.cpu_parent
         if parent is not None and (parent.name.startswith("aten::") or "cpp_fused" in parent.name):
             continue  # called by an operation already counted
         what = _launched(event.name)
-        if what is None:
-            continue
-        count.ops += 1
-        count.by_op[what] += 1
-        count.host_reads += what == SCALAR_READ
+        if what is not None:
+            count.ops += 1
+            count.by_op[what] += 1
