@@ -471,12 +471,7 @@ def count_patched(bundle, inputs, tokens: int, variant: str, apply: str, batch_l
         return out
 
     patcher.context_step = counted_context
-    tokens_run = patched_generate(patcher, inputs, tokens + 1)
-    totals = []
-    for _ in range(tokens + 1):
-        with count_ops() as count:
-            next(tokens_run)
-        totals.append(count)
+    totals = each_token(patched_generate(patcher, inputs, tokens + 1), tokens + 1, count_ops)
     ops, reads = per_token(totals[1:])
     context_ops, context_reads = per_token(context[1:])
     rest = sum(totals[1:], start=type(totals[0])()) - sum(context[1:], start=type(totals[0])())
@@ -484,6 +479,16 @@ def count_patched(bundle, inputs, tokens: int, variant: str, apply: str, batch_l
             "ops_per_token": ops,
             "host_reads_per_token": reads, "context_ops": context_ops, "context_host_reads": context_reads,
             "patch_by_op": dict(rest.by_op.most_common(12))}
+
+
+def each_token(tokens_run, n: int, counter) -> list:
+    """The counts (`counter`: op_count's count_ops or count_launches) of each of the first `n` tokens of a run."""
+    totals = []
+    for _ in range(n):
+        with counter() as count:
+            next(tokens_run)
+        totals.append(count)
+    return totals
 
 
 def count_compiled(patcher, inputs, tokens: int, variant: str, apply: str) -> dict:
@@ -496,12 +501,7 @@ def count_compiled(patcher, inputs, tokens: int, variant: str, apply: str) -> di
     from experiments.patching.generate import patched_generate
 
     inductor.cpp.enable_kernel_profile = True  # each fused kernel a profiler event (before it is compiled)
-    tokens_run = patched_generate(patcher, inputs, tokens + 1, compile="on")
-    totals = []
-    for _ in range(tokens + 1):
-        with count_launches() as count:
-            next(tokens_run)
-        totals.append(count)
+    totals = each_token(patched_generate(patcher, inputs, tokens + 1, compile="on"), tokens + 1, count_launches)
     ops, reads = per_token(totals[1:])
     rest = sum(totals[1:], start=type(totals[0])())
     return {"what": "patched", "variant": variant, "apply": apply,

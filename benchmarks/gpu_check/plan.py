@@ -3,8 +3,8 @@ every family's tiny model and the MoE fit on the device, every experiment at pre
 with TF32 off and on, gemma_match on the 1B shapes through the parallel launcher, gpt_wq at the gpu preset's
 shape under torchrun, compiled, bf16 autocast), `timings` (the GPU alone: patch_bench on the 1B shapes in
 bfloat16, every variant; the stock step eager, with a static cache and compiled; the patched step compiled;
-gpt_wq_bench --paper, GPT-2 124M's shape: tokens/s and MFU; the largest shape), then `cpu` (what failed, again on the CPU: a CUDA bug passes there, a
-version gap fails on both; built by `cpu_reruns` from the results).
+gpt_wq_bench --paper, GPT-2 124M's shape: tokens/s and MFU; the largest shape), then `cpu` (what failed, again
+on the CPU: a CUDA bug passes there, a version gap fails on both; built by `cpu_reruns` from the results).
 
 `fake` runs the same steps on the CPU at the smallest sizes (tiny models, the smoke shapes, no compile):
 the check's own plumbing end to end on a machine without a GPU."""

@@ -155,7 +155,8 @@ class GraphedStep:
     """A whole patched token recorded once: the with-context step on a static KV cache, the patched pass, and the
     greedy choice, which becomes the next query in place; one replay a token, nothing between them but the
     replay. The prompt is prefilled eagerly into the same cache, which holds WARMUP slots more than the tokens
-    asked for (the recording's warm-up runs write ahead before the state is put back). The static cache's
+    asked for (an eager first run, the warm-up runs and the recording write WARMUP + 1 slots past the first
+    token's, at most the last of them, before the state is put back). The static cache's
     attention runs over all its slots, the later ones masked: the with-context values are the dynamic cache's
     to rounding, not bit for bit (float64: 1e-15 on the tiny models)."""
 
@@ -191,8 +192,9 @@ class GraphedStep:
         return [self.query, self.position, *counts]
 
     def _host_counts(self) -> list[tuple[object, int]]:
-        """A sliding-window cache layer's count kept as a Python int beside the device one (transformers 5.x): what
-        a replay never moves, the warm-up and recording runs must not have moved either."""
+        """A sliding-window cache layer's count, kept as a Python int beside the device one (transformers 5.x): the
+        runs before the first token move it as they move the device state, so it is put back with it (a compiled
+        step reads it; a CUDA graph's replay never moves it, and it must stay short of the layer's full branch)."""
         return [(layer, layer.cumulative_length_int) for layer in getattr(self.cache, "layers", [])
                 if isinstance(getattr(layer, "cumulative_length_int", None), int)]
 

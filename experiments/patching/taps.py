@@ -29,7 +29,7 @@ _sessions: list[list[Tap]] = []  # taps placed inside each open `session`, kept 
 
 
 class Tap:
-    """One module's placed pair of hooks and what is attached to each, as (hook, with_kwargs)."""
+    """One module's placed pair of hooks (and forward, where one is replaced), and what is attached to each."""
 
     def __init__(self, module: nn.Module):
         self.module = module
