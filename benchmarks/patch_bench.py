@@ -398,13 +398,13 @@ def print_table(args: argparse.Namespace, rows: list[dict]) -> None:
     memory = "peak MB (max_memory_allocated)" if args.device.startswith("cuda") else "peak RSS MB"
     threads = next((r["threads"] for r in rows if "threads" in r), None)
     print(f"{args.model} {args.dtype} on {args.device}, {args.tokens} tokens, {threads} torch threads")
-    print(f"{'mode':<10}{'variant':<20}{'apply':<14}{'ms/token (median)':>20}{'mean ms':>10}{'after load MB':>15}"
+    print(f"{'mode':<10}{'variant':<24}{'apply':<14}{'ms/token (median)':>20}{'mean ms':>10}{'after load MB':>15}"
           f"{memory:>32}{'time ×stock':>13}{'peak ×stock':>13}")
     for r in rows:
         if "error" in r:
-            print(f"{r['mode']:<10}{label(r):<20}{r.get('apply') or '':<14}  {r['error']}")
+            print(f"{r['mode']:<10}{label(r):<24}{r.get('apply') or '':<14}  {r['error']}")
             continue
-        print(f"{r['mode']:<10}{label(r):<20}{r.get('apply') or '':<14}"
+        print(f"{r['mode']:<10}{label(r):<24}{r.get('apply') or '':<14}"
               f"{r['ms_per_token']:>20.1f}{r['mean_ms']:>10.1f}{r['after_load_mb']:>15.0f}{r['peak_mb']:>32.0f}"
               f"{r['ms_per_token'] / base['ms_per_token']:>13.2f}"
               f"{r['peak_mb'] / held['peak_mb']:>13.2f}")

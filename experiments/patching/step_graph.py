@@ -26,8 +26,8 @@ compilation, the closed loop's solve is placed on each layer once instead of swa
 pass's values go into a list of the step's own, and a sliding-window cache's Python count is put back with the
 device state (`_host_counts`); so the first token's graphs serve every token after it, without a graph break (a
 test: tiny Llama naive and closed_loop, tiny Gemma 3 conditioned, torch.compile's eager backend). `compile=auto`
-compiles on a GPU where torch.compile has Triton; on the CPU it runs uncompiled with one line (inductor's C++ for
-a whole patched token takes minutes there; `on` compiles it anyway); a compilation that fails falls back to the
+compiles on a GPU where torch.compile has Triton; on the CPU it runs uncompiled with one line (compiling a whole
+patched token takes minutes there; `on` compiles it anyway); a compilation that fails falls back to the
 eager step with one line (auto) or raises (on). `compile=on` without Triton (CUDA) or a C compiler: refused in one
 line.
 """
@@ -100,7 +100,7 @@ def use_compile(compile: str, device: torch.device) -> bool:
     if device.type != "cuda" or missing:
         log.info("compile=auto: the patched step runs uncompiled here (%s); compile=on compiles it anyway",
                  f"torch.compile on {device.type} needs {missing}" if missing
-                 else "compiled on a GPU only: inductor's C++ for a whole patched token takes minutes on a CPU")
+                 else "compiled on a GPU only: compiling a whole patched token takes minutes on a CPU")
         return False
     return True
 
