@@ -1,7 +1,8 @@
 """What the patching reads off a decoder layer's forward: hooks that keep the values an adapter names
 (the layer's input and output, the residual v before the MLP or a parallel block's attention output, the
 MLP input z, each per-matrix input beside it as "z@MODULE", the output rule's inputs) at the query position,
-the last one of the sequence.
+the last one of the sequence. The hooks attach through taps.py (one placed pair a module, so that a patched
+generation registers no torch hook after its first token and its step compiles once).
 """
 
 from __future__ import annotations
