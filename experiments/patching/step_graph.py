@@ -29,7 +29,8 @@ test: tiny Llama naive and closed_loop, tiny Gemma 3 conditioned, torch.compile'
 compiles on a GPU where torch.compile has Triton; on the CPU it runs uncompiled with one line (compiling a whole
 patched token takes minutes there; `on` compiles it anyway); a compilation that fails falls back to the
 eager step with one line (auto) or raises (on). `compile=on` without Triton (CUDA) or a C compiler: refused in one
-line.
+line. A static cache that does not fit beside the model (`cache_too_large`): refused in one line under `on`, the
+eager step under `auto` (one line).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from torch import Tensor
 
 from experiments.core.errors import UserError
 from experiments.core.gpu_rates import compile_missing
+from experiments.zoo.loading import available_bytes
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,31 @@ def why_no_graphs(patcher, device: torch.device) -> str | None:
         return (f"{patcher.adapter.family}: an MoE's expert dispatch reads which experts fired back to the host, "
                 "which a CUDA graph cannot hold")
     return None
+
+
+def static_cache_bytes(config, length: int, width: int) -> int:
+    """A static KV cache of `length` tokens in elements of `width` bytes: keys and values of every layer, a
+    sliding-window layer's no longer than its window. From the model's config alone (transformers' standard names,
+    which every config maps its own onto)."""
+    cfg = getattr(config, "text_config", None) or config
+    layers = cfg.num_hidden_layers
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    window = getattr(cfg, "sliding_window", None)
+    kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * layers
+    slots = sum(min(length, window) if kind == "sliding_attention" and window else length for kind in kinds)
+    return 2 * kv_heads * head_dim * slots * width
+
+
+def cache_too_large(patcher, length: int, device: torch.device) -> str | None:
+    """Why a static cache of `length` tokens cannot be allocated beside the loaded model (one line), or None."""
+    width = next(patcher.model.parameters()).element_size()
+    need, free = static_cache_bytes(patcher.model.config, length, width), available_bytes(device)
+    if need <= free:
+        return None
+    return (f"a static KV cache of {length} tokens needs {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are "
+            f"free on {device.type}: shorten the prompt or max_new_tokens")
 
 
 def check_graphs(graphs: str) -> str:
@@ -240,6 +267,12 @@ def recorded_step(patcher, graphs: str, inputs: dict, max_new_tokens: int, captu
     if max_new_tokens < 1:
         return None
     strict = (compile if asked == "compile" else graphs) == "on"
+    why = cache_too_large(patcher, inputs["input_ids"].shape[1] + max_new_tokens + WARMUP, device)
+    if why:
+        if strict:
+            raise UserError(f"{asked}=on: {why}, or use {asked}=off")
+        log.warning("%s=auto: %s; the eager step runs instead", asked, why)
+        return None
     falls_back = Exception if asked == "compile" else RuntimeError  # torch.cuda's errors; a compiler's, any kind
     try:
         return GraphedStep(patcher, inputs, max_new_tokens, capture)

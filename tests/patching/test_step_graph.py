@@ -125,3 +125,32 @@ def test_a_cuda_graph_of_the_pass_gives_the_eager_tokens_on_a_gpu(variant):
     patcher = Patcher(bundle.model, variant)
     replayed = [g.token_id for g in patched_generate(patcher, {"input_ids": ids}, 6, graphs="on")]
     assert replayed == eager
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3", "tiny-gpt2"])
+def test_a_static_caches_size_from_the_config_is_what_transformers_allocates(name):
+    """`static_cache_bytes` (the config alone) against the keys and values transformers' StaticCache holds once a
+    forward has filled it; Gemma 3's sliding layers past their window as well."""
+    from transformers import StaticCache
+
+    from experiments.patching.patcher import _cache_name
+
+    model = load_checked(name, torch.float32, "cpu", seed=0).model
+    window = getattr(model.config, "sliding_window", None) or 8
+    for length in (12, window + 7):
+        cache = StaticCache(config=model.config, max_cache_len=length)
+        model(input_ids=IDS[:, :3], **{_cache_name(model): cache}, use_cache=True)
+        held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+        assert step_graph.static_cache_bytes(model.config, length, 4) == held
+
+
+def test_a_static_cache_that_does_not_fit_is_refused_in_one_line_or_left_to_the_eager_step(monkeypatch, caplog):
+    model = _model("tiny-llama")
+    eager = _tokens(model, "naive", 3)
+    monkeypatch.setattr(step_graph, "available_bytes", lambda device: 1000)
+    with pytest.raises(UserError, match=r"^graphs=on: a static KV cache of 11 tokens needs 0\.0 GiB and 0\.0 GiB "
+                                        r"are free on cpu: shorten the prompt or max_new_tokens, or use graphs=off$"):
+        _tokens(model, "naive", 3, graphs="on", capture=step_graph.eager_capture)
+    with caplog.at_level("WARNING"):
+        assert _tokens(model, "naive", 3, graphs="auto", capture=step_graph.eager_capture) == eager
+    assert "graphs=auto: a static KV cache of 11 tokens needs" in caplog.text
