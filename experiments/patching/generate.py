@@ -244,7 +244,7 @@ def patched_generate(patcher: Patcher, inputs: dict, max_new_tokens: int,
                          "graphs=off compile=off")
     choose = choose or (lambda logits: logits.argmax())
     patcher.read_deferred()  # what an abandoned generation left queued is its own: read (and judged) now
-    with taps.session():  # the hooks the first token places stay for the others (taps.py)
+    with taps.session(patcher.model):  # the hooks the first token places stay for the others (taps.py)
         yield from _generate(patcher, inputs, max_new_tokens, choose, stop_ids, graphs, capture, compile)
     patcher.read_deferred()
 

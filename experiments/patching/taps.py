@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from torch import nn
 
 _ATTR = "_patching_tap"
-_sessions: list[list[Tap]] = []  # taps placed inside each open `session`, kept until it ends
+_sessions: list[tuple[set[int], list[Tap]]] = []  # each open `session`: its model's modules, the taps it keeps
 
 
 class Tap:
@@ -102,9 +102,10 @@ def _tap(module: nn.Module) -> Tap:
     if tap is None:
         tap = Tap(module)
         module.__dict__[_ATTR] = tap  # beside the module's own state, not a submodule or a buffer
-        if _sessions:
+        keeper = next((placed for modules, placed in reversed(_sessions) if id(module) in modules), None)
+        if keeper is not None:
             tap.pinned = True
-            _sessions[-1].append(tap)
+            keeper.append(tap)
     return tap
 
 
@@ -133,19 +134,23 @@ def replace_forward(module: nn.Module, forward: Callable) -> Attached:
 
 
 @contextmanager
-def session() -> Iterator[None]:
-    """Inside the block, a tap placed stays placed when nothing is attached to it, so the next pass places
-    nothing; at its end every tap it placed with nothing attached comes off."""
+def session(model: nn.Module) -> Iterator[None]:
+    """Inside the block, a tap placed on one of `model`'s modules stays placed when nothing is attached to it, so
+    the next pass places nothing; at its end every tap it placed with nothing attached comes off (or stays with an
+    enclosing session on the same model). Another model's taps are not its business: a generation left open
+    does not keep hooks on a model it never ran."""
+    modules = {id(m) for m in model.modules()}
     placed: list[Tap] = []
-    _sessions.append(placed)
+    _sessions.append((modules, placed))
     try:
         yield
     finally:
-        del _sessions[next(i for i, open_ in enumerate(_sessions) if open_ is placed)]  # generators interleave
-        if _sessions:  # an enclosing session keeps them
-            _sessions[-1].extend(placed)
-        else:
-            for tap in placed:
-                tap.pinned = False
-                if tap.idle():
-                    tap.lift()
+        del _sessions[next(i for i, (_, open_) in enumerate(_sessions) if open_ is placed)]  # generators interleave
+        for tap in placed:
+            keeper = next((kept for mods, kept in reversed(_sessions) if id(tap.module) in mods), None)
+            if keeper is not None:
+                keeper.append(tap)
+                continue
+            tap.pinned = False
+            if tap.idle():
+                tap.lift()

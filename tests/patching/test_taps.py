@@ -66,17 +66,20 @@ def test_outside_a_session_the_last_removal_lifts_the_torch_hooks():
     assert _hooks(layer) == 0 and taps._ATTR not in vars(layer)
 
 
-def test_a_session_keeps_what_it_placed_until_it_ends():
-    layer, other = nn.Linear(2, 2), nn.Linear(2, 2)
-    with taps.session():
+def test_a_session_keeps_what_it_placed_on_its_model_until_it_ends():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    layer, other, elsewhere = model[0], model[1], nn.Linear(2, 2)
+    with taps.session(model):
         before = RemovableHandle.next_id
         for _ in range(3):
             taps.attach_post(layer, lambda m, a, out: None).remove()
         assert RemovableHandle.next_id == before + 2  # placed once, the first time
         assert _hooks(layer) == 2
-        with taps.session():  # an inner session hands what it placed to the outer one
+        with taps.session(model):  # an inner session on the same model hands what it placed to the outer one
             taps.attach_pre(other, lambda m, a: None).remove()
         assert _hooks(other) == 2
+        taps.attach_pre(elsewhere, lambda m, a: None).remove()  # another model's: not kept
+        assert _hooks(elsewhere) == 0
     assert _hooks(layer) == 0 and _hooks(other) == 0
 
 
