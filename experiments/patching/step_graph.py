@@ -133,10 +133,12 @@ def use_compile(compile: str, device: torch.device) -> bool:
 
 
 def compiled_capture(mode: str | None = None, backend: str = "inductor") -> Capture:
-    """A Capture that compiles the step (`torch.compile`, fixed shapes) and runs it WARMUP times (the compilation,
-    and reduce-overhead's CUDA graph recording), then once for its outputs; a replay runs the compiled step and
+    """A Capture that runs the step once eagerly (its hooks placed, what reads its values made: `GraphedStep._run`),
+    compiles it (`torch.compile`) and runs it WARMUP times (the compilation, and reduce-overhead's CUDA graph
+    recording), then once for its outputs; a replay runs the compiled step and
     writes its outputs into those. `backend="eager"` traces without generating code (tests)."""
     def capture(run: Run) -> tuple[Callable[[], None], tuple[Tensor, ...]]:
+        run()  # once eagerly first, so what a pass places once (taps.py, the query's call arguments) is in place
         compiled = torch.compile(run, mode=mode, backend=backend, dynamic=None)
         for _ in range(WARMUP):
             compiled()
@@ -182,8 +184,8 @@ class GraphedStep:
     """A whole patched token recorded once: the with-context step on a static KV cache, the patched pass, and the
     greedy choice, which becomes the next query in place; one replay a token, nothing between them but the
     replay. The prompt is prefilled eagerly into the same cache, which holds WARMUP slots more than the tokens
-    asked for (an eager first run, the warm-up runs and the recording write WARMUP + 1 slots past the first
-    token's, at most the last of them, before the state is put back). The static cache's
+    asked for (the warm-up runs and the recording, compiled: and an eager run before them, write up to WARMUP + 1
+    slots past the first token's, at most the last of them, before the state is put back). The static cache's
     attention runs over all its slots, the later ones masked: the with-context values are the dynamic cache's
     to rounding, not bit for bit (float64: 1e-15 on the tiny models)."""
 
@@ -202,7 +204,6 @@ class GraphedStep:
         state = self._device_state()
         first = [t.clone() for t in state]
         counted = self._host_counts()
-        self._run()  # once eagerly, so what a pass places once (taps.py, the query's call arguments) is in place
         self.replay, (self.token, self.vector) = capture(self._run)
         # the warm-up and recording runs wrote the first token's keys and moved the step on: back to the start
         # (the first replay writes the same cache slot again)
@@ -232,7 +233,7 @@ class GraphedStep:
         queue: list = []
         token = patcher.patched_pass(self.query, step, defer=queue).logits.argmax()
         take, vector = queue[0]
-        if take is not None:  # None compiled (PatchedPass.finish): the eager first run's stays
+        if take is not None:  # None compiled (PatchedPass.finish): compiled_capture's eager first run's stays
             self.take = take
         self.query.copy_(token.view(1, 1))
         self.position.add_(1)
