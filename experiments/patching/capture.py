@@ -12,14 +12,36 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from torch import Tensor, nn
+from torch.utils._pytree import tree_map_only
 
 from experiments.patching.block import Block
-from experiments.patching.taps import attach_post, attach_pre
+from experiments.patching.taps import attach_post, attach_pre, replace_forward
 
 
-class StopAtMLP(Exception):
-    """Raised by a hook once every input the input matrices read is known (the MLP's, and each per-matrix
-    input beside it): the rest of the layer is not needed."""
+class StandIns:
+    """What the MLP and the modules beside it whose inputs a matrix reads (`input_at`) return in a pass that
+    needs only their inputs (the open loop's alone pass): the output of their own forward the first time they
+    are called with an input of that shape and dtype, kept, and returned unchanged after. So the MLP's
+    matrices run once per module and shape, not per pass, and the pass runs to the layer's end with nothing
+    raised to stop it (issue 54: no exception as control flow in a step that is recorded or compiled). What
+    the rest of the layer makes of a kept output is not read (`run_layer` returns no output for such a pass).
+    That no input the pass reads depends on them is a property of the block, which the family check holds
+    (`arch/check.py`: stale stand-ins, the same inputs bit for bit)."""
+
+    def __init__(self):
+        self.outputs: dict = {}
+
+    def forward_of(self, module: nn.Module):
+        own = type(module).forward
+
+        def forward(*args, **kwargs):
+            x = args[0] if args else next(iter(kwargs.values()))
+            key = (id(module), tuple(x.shape), x.dtype)
+            if key not in self.outputs:
+                self.outputs[key] = tree_map_only(Tensor, Tensor.detach, own(module, *args, **kwargs))
+            return self.outputs[key]
+
+        return forward
 
 
 def last_position(t):
@@ -54,19 +76,16 @@ def _module(layer: nn.Module, path: str) -> nn.Module:
     return layer.get_submodule(path)
 
 
-def register_captures(adapter: Block, layer: nn.Module, values: dict, stop_at_mlp: bool = False) -> list:
-    """Hooks recording the adapter's values into `values` (query position); `stop_at_mlp` aborts the
-    forward once every input an input matrix reads is known (raises StopAtMLP): z, and the inputs of the
-    modules beside the MLP (`input_at`), whichever the forward reaches last."""
+def register_captures(adapter: Block, layer: nn.Module, values: dict, stand_ins: StandIns | None = None) -> list:
+    """Hooks recording the adapter's values into `values` (query position). With `stand_ins`, only v (or the
+    attention's output) and what the input matrices read (z, and the inputs of the modules beside the MLP), the
+    MLP and those modules answering by `stand_ins` instead of running."""
     handles = []
-    inputs = ("z", *(f"z@{path}" for path in adapter.input_modules))
 
-    def keep_input(name: str, stop: bool = False):
+    def keep_input(name: str):
         def hook(_m, args, kwargs=None):
             x = args[0] if args else kwargs["hidden_states"]
             values[name] = last_position(x)
-            if stop and all(key in values for key in inputs):
-                raise StopAtMLP
 
         return hook
 
@@ -80,9 +99,14 @@ def register_captures(adapter: Block, layer: nn.Module, values: dict, stop_at_ml
         handles.append(attach_pre(_module(layer, adapter.residual_at), keep_input("v")))
     else:
         handles.append(attach_post(_module(layer, adapter.attention), keep_output("attn")))
-    handles.append(attach_pre(_module(layer, adapter.mlp), keep_input("z", stop_at_mlp), with_kwargs=True))
-    for path in adapter.input_modules:
-        handles.append(attach_pre(_module(layer, path), keep_input(f"z@{path}", stop_at_mlp), with_kwargs=True))
+    inputs = {adapter.mlp: "z", **{path: f"z@{path}" for path in adapter.input_modules}}
+    for path, name in inputs.items():
+        module = _module(layer, path)
+        handles.append(attach_pre(module, keep_input(name), with_kwargs=True))
+        if stand_ins is not None:
+            handles.append(replace_forward(module, stand_ins.forward_of(module)))
+    if stand_ins is not None:
+        return handles
     for name, (path, where) in adapter.captures.items():
         m = _module(layer, path)
         handles.append(attach_pre(m, keep_input(name), with_kwargs=True) if where == "input"

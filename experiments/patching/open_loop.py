@@ -2,7 +2,8 @@
 
 Each layer's patch is computed against the with-context pass's input to the layer, x_{l−1} (the target),
 whatever hidden state the patched pass really brings: the layer runs once without the context on
-x_{l−1} (as far as the last input a matrix reads: v, z, and each per-matrix input beside the MLP), every
+x_{l−1} (for what a matrix reads: v, z, and each per-matrix input beside the MLP; the MLP itself stood in
+for by a kept output, `capture.StandIns`), every
 input matrix gets the rank-1 input update from what it reads (Thms 6–7, an MoE's router included), and
 the output step makes the outer function's output move by r = v_C − v (Thms 8–12; App. B's for a
 post-norm block). Then the layer runs its own forward, with W + ΔW rounded to the model's
@@ -21,7 +22,7 @@ from torch.func import functional_call
 
 from experiments.patching.capture import (
     LayerCapture,
-    StopAtMLP,
+    StandIns,
     first_output,
     last_position,
     register_captures,
@@ -38,33 +39,33 @@ OutputStep = Callable[..., LayerPatchStats]
 
 
 def run_layer(adapter, layer: nn.Module, args: tuple, kwargs: dict, hidden: Tensor, params: dict,
-              stop_at_mlp: bool = False) -> tuple[dict, object]:
+              stand_ins: StandIns | None = None) -> tuple[dict, object]:
     """The layer's own forward on `hidden` with `params` substituted, recording the adapter's values at the
-    query position (`stop_at_mlp`: only as far as the last input an input matrix reads)."""
+    query position. With `stand_ins` only what the input matrices read (the MLP and the modules beside it
+    answer by kept outputs): no output, which would be made of them."""
     values = {"x_in": last_position(hidden)}
     if args:
         args = (hidden, *args[1:])
     else:
         kwargs = dict(kwargs, hidden_states=hidden)
-    handles = register_captures(adapter, layer, values, stop_at_mlp)
-    output = None
+    handles = register_captures(adapter, layer, values, stand_ins)
     try:
         output = functional_call(layer, params, args, kwargs)
-        values["out"] = last_position(first_output(output))
-    except StopAtMLP:
-        pass
     finally:
         for h in handles:
             h.remove()
+    if stand_ins is not None:
+        return values, None
+    values["out"] = last_position(first_output(output))
     return values, output
 
 
 def alone_values(patcher, layer: nn.Module, target: LayerCapture, hidden: Tensor, args: tuple,
                  kwargs: dict) -> dict:
     """The layer run without the context on the with-context input `target.x_in` (whatever the patched pass's
-    `hidden` is), as far as the last input an input matrix reads: v and z(s)."""
+    `hidden` is), for what the input matrices read: v and z(s), the MLP stood in for (`patcher.stand_ins`)."""
     x_ref = target.x_in.to(hidden.dtype).view_as(hidden)
-    return run_layer(patcher.adapter, layer, args, kwargs, x_ref, {}, stop_at_mlp=True)[0]
+    return run_layer(patcher.adapter, layer, args, kwargs, x_ref, {}, patcher.stand_ins)[0]
 
 
 def fill(patcher, layer: nn.Module, target: LayerCapture, hidden: Tensor, args: tuple, kwargs: dict,

@@ -47,7 +47,14 @@ from torch.func import functional_call
 
 from experiments.patching import layer_stack
 from experiments.patching.arch import adapter_for
-from experiments.patching.capture import LayerCapture, capture_context, first_output, last_position, record_outputs
+from experiments.patching.capture import (
+    LayerCapture,
+    StandIns,
+    capture_context,
+    first_output,
+    last_position,
+    record_outputs,
+)
 from experiments.patching.compare import logit_dtype
 from experiments.patching.kinds import MATERIALIZED
 from experiments.patching.lemmas import deferred_checks
@@ -242,6 +249,7 @@ class Patcher:
         self.bufs = PatchBuffers(dtype=self.dtype)  # the layer being patched (the closed loop: one at a time)
         # the open loop holds every layer's patched tensors at once, each layer's in its own buffers
         self.layer_bufs = [PatchBuffers(dtype=self.dtype, apply=self.apply) for _ in self.layers]
+        self.stand_ins = StandIns()  # the MLP's kept outputs, for the open loop's alone pass (capture.py)
         self._calls: dict = {}  # (query length, device) -> each layer's call arguments for the query alone
         self._deferred: list = []  # patched passes' values left on the device (patched_pass(defer=True))
         self._mask = self._whole_query_mask()  # the query-alone pass's attention mask, where the model takes it

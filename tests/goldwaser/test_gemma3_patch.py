@@ -10,6 +10,7 @@ import torch
 from torch.func import functional_call
 
 from experiments.patching.app_b_inversion import rms_multiplier, unit_rms_minimizer
+from experiments.patching.capture import StandIns
 from experiments.patching.compare import logit_comparison
 from experiments.patching.generate import compare_generation
 from experiments.patching.lemmas import divide_or_zero, scale_update
@@ -99,7 +100,7 @@ def test_theorem1_step_by_step_on_a_gemma3_decoder_layer_float64():
     patcher, layer, cap, x, rope = _layer_setup(torch.float64)
     # Step 0: v = A(∅, x) is what the layer itself computes before its MLP for x alone.
     kwargs = {"position_embeddings": rope, "attention_mask": None}
-    alone, _ = run_layer(patcher.adapter, layer, (), kwargs, x, {}, stop_at_mlp=True)
+    alone, _ = run_layer(patcher.adapter, layer, (), kwargs, x, {}, StandIns())
     plain = layer(x, **kwargs)
     v = attention_residual(layer, x, rope)
     torch.testing.assert_close(v.view(-1), alone["v"], rtol=1e-12, atol=1e-12)

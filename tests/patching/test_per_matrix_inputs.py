@@ -96,3 +96,31 @@ def test_the_fixed_patch_is_refused_in_one_line_before_loading(folder, icl, tmp_
     errors = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and "the fixed patch fits every input matrix from the MLP's inputs" in errors[0], r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_modules_beside_the_mlp_that_read_its_output_fail_the_stand_in_step(gemma4_moe, monkeypatch):
+    """The control of the check's step 4: the same Gemma 4 layer with its router and experts reading v plus the
+    MLP's branch (not v). Step 2 refuses it first (its patched MLP moves what they read); with steps 1–3 passed
+    over, step 4 alone refuses it too, naming the input an alone pass whose MLP answers by a kept output would
+    read wrong. The stock layer passes all four (the fixture)."""
+    import inspect
+    import textwrap
+
+    import transformers.models.gemma4.modeling_gemma4 as gemma4
+
+    from experiments.patching.arch import check
+
+    source = textwrap.dedent(inspect.getsource(gemma4.Gemma4TextDecoderLayer.forward))
+    stock = "hidden_states_flat = residual.reshape(-1, residual.shape[-1])"
+    assert stock in source  # the line this control changes is where it was
+    namespace: dict = {}
+    exec(source.replace(stock, "hidden_states_flat = (residual + hidden_states_1).reshape(-1, residual.shape[-1])"),
+         vars(gemma4), namespace)
+    monkeypatch.setattr(gemma4.Gemma4TextDecoderLayer, "forward", namespace["forward"])
+    model, adapter = gemma4_moe
+    with pytest.raises(UserError, match=r"the output of router\.proj still differs"):
+        choose_adapter(model, [replace(adapter)])  # a new adapter: the stock one's check is remembered
+    monkeypatch.setattr(check, "_compare", lambda *args: None)
+    with pytest.raises(UserError, match=r"answering by kept outputs, z@router\.proj differs") as err:
+        choose_adapter(model, [replace(adapter)])
+    assert "\n" not in str(err.value)

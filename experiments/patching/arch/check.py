@@ -13,7 +13,12 @@ of the block is tested where Algorithm 1 relies on it:
    of each module beside the MLP holding a matrix that reads its own input (per-matrix inputs: Gemma 4's
    router, experts): that input is where the adapter reads it;
 3. output rule (Thms 8–12): with the rule's update for r = v_C − v added, the layer's output on H is its
-   output on H_C.
+   output on H_C;
+4. the alone pass's stand-ins (`capture.StandIns`): with the MLP and the modules beside it answering by their
+   outputs kept from H_C, the pass on H reads the same v and inputs, bit for bit: none of them is made from
+   what the MLP returns, which is what lets the open loop skip running it. (Step 2 refuses most blocks that
+   fail it first, since its patched MLP moves such an input; step 4 holds the stand-ins themselves: a module
+   called twice, an output read stale.)
 The first step that fails is the one line the user reads (what differed, by how much). In float64 a right
 adapter agrees to ~1e-15; a wrong one is off by O(1) (tolerance 1e-9). Each (layer class, structure,
 adapter) is checked once a process.
@@ -192,7 +197,8 @@ def _check_layer(layer: nn.Module, adapter: BlockAdapter, args: tuple, kwargs: d
     if never:
         return f"its forward never reached what the adapter reads there ({', '.join(never)})"
     try:
-        return _compare(layer, adapter, args, kwargs, h, with_c, alone)
+        return (_compare(layer, adapter, args, kwargs, h, with_c, alone)
+                or _stand_ins_change(adapter, layer, args, kwargs, h_c, h, alone))
     except Exception as err:  # shapes that do not fit the rule's algebra, a division by zero, ...
         return f"the adapter's algebra does not fit it ({first_line(err)})"
 
@@ -236,6 +242,29 @@ def _compare(layer: nn.Module, adapter: BlockAdapter, args: tuple, kwargs: dict,
     if err > TOLERANCE:
         return (f"with the output rule's update of {adapter.output_param} ({adapter.rule.theorem}) the layer's "
                 f"output differs from the with-context one by {err:.1e} (relative)")
+    return None
+
+
+def _stand_ins_change(adapter: BlockAdapter, layer: nn.Module, args: tuple, kwargs: dict, h_c: Tensor, h: Tensor,
+                      alone: dict) -> str | None:
+    """Step 4: the alone pass on H with the MLP's (and beside it) outputs kept from H_C reads what the full pass
+    on H read."""
+    from experiments.patching.capture import StandIns
+    from experiments.patching.open_loop import run_layer
+
+    stand_ins = StandIns()
+    with torch.no_grad():
+        run_layer(adapter, layer, args, kwargs, h_c, {}, stand_ins)  # keeps H_C's outputs: stale for H
+        stood, _ = run_layer(adapter, layer, args, kwargs, h, {}, stand_ins)
+    for key in ("v" if adapter.residual_at else "attn", "z", *(f"z@{path}" for path in adapter.input_modules)):
+        if key == "attn":  # a parallel block's v = x + A: A as read
+            same = torch.equal(residual(stood), residual(alone))
+        else:
+            same = torch.equal(stood[key], alone[key])
+        if not same:
+            return (f"with the MLP and the modules beside it answering by kept outputs, {key} differs from "
+                    "the full forward's: it is made from what they return, and the open loop's alone pass "
+                    "cannot skip them")
     return None
 
 
