@@ -281,7 +281,7 @@ def measure(mode: str, bundle, inputs, tokens: int, variant: str, meter: Meter, 
     return {"mode": mode, "variant": None if mode == "generate" else variant,
             "apply": None if mode == "generate" else apply, "stock": stock if mode == "generate" else None,
             "cuda_graphs": graphs if mode == "patched" else None,
-            "batch_layers": None if mode == "generate" else patcher.layer_stack is not None,
+            "batch_layers": None if mode == "generate" else patcher.batched,
             "step_compile": step_compile if mode == "patched" else None,
             "ms_per_token": median(times),
             "mean_ms": sum(times) / len(times), **parts, "peak_mb": meter.peak_mb(), "after_load_mb": held,
@@ -475,7 +475,7 @@ def count_patched(bundle, inputs, tokens: int, variant: str, apply: str, batch_l
     ops, reads = per_token(totals[1:])
     context_ops, context_reads = per_token(context[1:])
     rest = sum(totals[1:], start=type(totals[0])()) - sum(context[1:], start=type(totals[0])())
-    return {"what": "patched", "variant": variant, "apply": apply, "batch_layers": patcher.layer_stack is not None,
+    return {"what": "patched", "variant": variant, "apply": apply, "batch_layers": patcher.batched,
             "ops_per_token": ops,
             "host_reads_per_token": reads, "context_ops": context_ops, "context_host_reads": context_reads,
             "patch_by_op": dict(rest.by_op.most_common(12))}
@@ -505,7 +505,7 @@ def count_compiled(patcher, inputs, tokens: int, variant: str, apply: str) -> di
     ops, reads = per_token(totals[1:])
     rest = sum(totals[1:], start=type(totals[0])())
     return {"what": "patched", "variant": variant, "apply": apply,
-            "batch_layers": patcher.layer_stack is not None, "step_compile": "on", "ops_per_token": ops,
+            "batch_layers": patcher.batched, "step_compile": "on", "ops_per_token": ops,
             "host_reads_per_token": reads, "patch_by_op": dict(rest.by_op.most_common(12))}
 
 
@@ -566,8 +566,9 @@ def main() -> None:
                     help="patched mode: the whole patched token recorded as a CUDA graph and replayed, any of "
                          "off,on,auto (each a row; on: CUDA only, refused elsewhere in one line)")
     ap.add_argument("--batch-layers", default="auto",
-                    help="auto, on or off: an open loop's input matrices patched in all layers by one call over "
-                         "stacked weights (auto: on a GPU; the closed loop is never batched)")
+                    help="auto, on, inputs or off: an open loop's input matrices patched in all layers by one call "
+                         "over stacked weights (inputs), and its alone passes of alike layers as one vmap too (on; "
+                         "auto: on, on a GPU; the closed loop is never batched)")
     ap.add_argument("--step-compile", default="off",
                     help="auto, on or off: the whole patched token compiled by torch.compile (patched mode; on: "
                          "refused in one line without Triton or a C compiler; auto compiles nowhere yet, see "

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from experiments.patching.alone_batch import AloneBatch
 from experiments.patching.capture import (
     LayerCapture,
     StandIns,
@@ -85,22 +86,26 @@ def _residual_change(target: LayerCapture, alone: dict, cdt: torch.dtype) -> Ten
     return residual(target.values).to(cdt) - residual(alone).to(cdt)  # v_C − v (Thm 12: A_C − A)
 
 
-def fill_all(patcher, targets: list[LayerCapture], calls: list[tuple[tuple, dict]], layer_stack: LayerStack,
-             output_step: OutputStep) -> list[LayerPatchStats]:
+def fill_all(patcher, targets: list[LayerCapture], calls: list[tuple[tuple, dict]], layer_stack: LayerStack | None,
+             output_step: OutputStep, alone_batch: AloneBatch | None = None) -> list[LayerPatchStats]:
     """Every layer's patched tensors into its buffers (`patcher.layer_bufs`), as `fill` layer after layer, with
     each stacked input matrix (`layer_stack.py`) updated in all layers by one call: every layer alone on its
-    with-context input first, then the input updates matrix name by matrix name, then each layer's output
-    step. The same bits as `fill`: a stack's blocks are the rows a layer alone gets, and the update is elementwise
-    (`rounded.add_rank1_by_rows`)."""
+    with-context input first (alike layers as one, `alone_batch.py`), then the input updates matrix name by matrix
+    name, then each layer's output step. The same bits as `fill` where the alone passes are not batched: a stack's
+    blocks are the rows a layer alone gets, and the update is elementwise (`rounded.add_rank1_by_rows`); batched
+    alone passes keep them in float64 and round in their own order below (alone_batch.py)."""
     adapter, cdt = patcher.adapter, patcher.cdt
-    alones = []
-    for layer, target, bufs, (args, kwargs) in zip(patcher.layers, targets, patcher.layer_bufs, calls, strict=True):
+    for bufs in patcher.layer_bufs:
         bufs.begin()
-        alones.append(alone_values(patcher, layer, target, module_input(args, kwargs), args, kwargs))
+    if alone_batch is not None:
+        alones = alone_batch.values(patcher, targets, calls)
+    else:
+        alones = [alone_values(patcher, layer, target, module_input(args, kwargs), args, kwargs)
+                  for layer, target, (args, kwargs) in zip(patcher.layers, targets, calls, strict=True)]
     stacked: dict[str, tuple[Tensor, Tensor]] = {}  # input key -> every layer's (z_C, z): gate and up share z
     for name, layout in adapter.input_matrices.items():  # Thms 6–7 (+ the router, Thm 11)
         key = adapter.input_key(name)
-        if name in layer_stack.stacks and layer_stack.intact(name):
+        if layer_stack is not None and name in layer_stack.stacks and layer_stack.intact(name):
             if key not in stacked:
                 stacked[key] = (torch.stack([target.values[key] for target in targets]),
                                 torch.stack([alone[key] for alone in alones]))

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from experiments.patching import layer_stack
+from experiments.patching import alone_batch, layer_stack
 from experiments.patching.arch import adapter_for
 from experiments.patching.capture import (
     LayerCapture,
@@ -256,9 +256,18 @@ class Patcher:
         # batch_layers: an open loop's input matrices patched in all layers at once, from stacked weights
         # (layer_stack.py; `auto` on a GPU). The stacking moves the model's own parameters, once, here.
         self.layer_stack = layer_stack.stack_for(batch_layers, self.variant, self.adapter, self.layers)
+        # batch_layers=on (auto on a GPU): the alone passes too, one vmap a group of alike layers (alone_batch.py)
+        self.alone_batch = alone_batch.batch_for(batch_layers, self.variant, self.adapter, self.layers,
+                                                 self.layer_stack is not None)
         names = {id(m): n for n, m in model.named_modules()}
         self.layer_names = [names[id(layer)] for layer in self.layers]
         self._inside = False
+
+    @property
+    def batched(self) -> bool:
+        """Whether the open loop runs its layers at once (`batch_layers`): input updates stacked, alone passes
+        grouped, or both."""
+        return self.layer_stack is not None or self.alone_batch is not None
 
     # -- the with-context side ----------------------------------------------------------------------
     @torch.no_grad()
@@ -432,8 +441,8 @@ class Patcher:
         are kept as factors instead (`open_loop_actions` gives them)."""
         variant = variant or self.variant
         calls = self.query_calls(query)
-        if self.layer_stack is not None:
-            stats = fill_all(self, step.targets, calls, self.layer_stack, variant.output_step())
+        if self.batched:
+            stats = fill_all(self, step.targets, calls, self.layer_stack, variant.output_step(), self.alone_batch)
         else:
             stats = []
             for index, (layer, (args, kwargs)) in enumerate(zip(self.layers, calls, strict=True)):

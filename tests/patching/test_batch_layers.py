@@ -16,6 +16,7 @@ from experiments.patching.patcher import Patcher
 
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])
 STACKING = [n for n in tiny_models() if n != "tiny-gpt2"]  # GPT-2's Conv1D input matrix does not stack
+GROUPING = [n for n in tiny_models() if n != "tiny-gemma3"]  # its 4 layers: 2 sliding, 2 global, no group of 3
 
 
 def _pass(name: str, dtype: torch.dtype, variant: str, apply: str, batch_layers: str, device: str = "cpu"):
@@ -37,12 +38,44 @@ def _same_bits(batched, per_layer) -> None:
     assert all(torch.equal(x, y) for k in actions_a for x, y in zip(actions_a[k], actions_b[k], strict=True))
 
 
-@pytest.mark.parametrize("name", STACKING)
+@pytest.mark.parametrize("name", tiny_models())
 def test_batched_equals_per_layer_bit_for_bit_in_float64(name):
+    """`on`: the input updates stacked (all but GPT-2) and the alone passes of alike layers as one vmap (all but
+    tiny Gemma 3's two pairs): the per-layer path's bits."""
     batched = _pass(name, torch.float64, "naive", MATERIALIZED, "on")
-    assert batched[0].layer_stack is not None
+    assert (batched[0].layer_stack is not None) == (name in STACKING)
+    assert (batched[0].alone_batch is not None) == (name in GROUPING)
     _same_bits(batched, _pass(name, torch.float64, "naive", MATERIALIZED, "off"))
     assert batched[1].hidden_linf[-1] > 0  # control: a pass that is compared at all (the record differs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_alone_passes_agree_within_the_dtypes_rounding(dtype):
+    """In float32 and bfloat16 a batched product may round in another order than a layer's own: the batched alone
+    passes give the per-layer logits within the dtype's rounding (not asserted equal, nor different); `inputs`
+    alone (the alone passes per layer) keeps every bit."""
+    batched = _pass("tiny-llama", dtype, "naive", MATERIALIZED, "on")
+    assert batched[0].alone_batch is not None
+    per_layer = _pass("tiny-llama", dtype, "naive", MATERIALIZED, "off")
+    eps = torch.finfo(dtype).eps
+    scale = per_layer[1].logits.abs().max()
+    assert (batched[1].logits - per_layer[1].logits).abs().max() <= 64 * eps * scale
+    for name, t in per_layer[2].items():
+        assert (batched[2][name].float() - t.float()).abs().max() <= 64 * eps * t.float().abs().max(), name
+    _same_bits(_pass("tiny-llama", dtype, "naive", MATERIALIZED, "inputs"), per_layer)
+
+
+def test_the_alone_batch_comparison_can_fail():
+    """Control: batched alone passes that read each layer's weights from the layer before (the stacks rolled)
+    differ from the per-layer path."""
+    patcher = Patcher(load_checked("tiny-llama", torch.float64, "cpu", seed=0).model, "naive", batch_layers="on")
+    group = patcher.alone_batch.groups[0]
+    group.stacks = {name: stack.roll(1, 0) for name, stack in group.stacks.items()}
+    group.intact = lambda: True
+    cache, query = patcher.start({"input_ids": IDS})
+    wrong = patcher.patched_pass(query, patcher.context_step({"input_ids": query}, cache))
+    right = _pass("tiny-llama", torch.float64, "naive", MATERIALIZED, "off")[1]
+    assert not torch.equal(wrong.logits, right.logits)
 
 
 @pytest.mark.parametrize(("variant", "apply", "dtype"), [
@@ -83,14 +116,36 @@ def test_stacking_moves_the_parameters_and_changes_no_bit(dtype):
     assert torch.equal(model(input_ids=IDS).logits, before)
 
 
+@pytest.mark.parametrize("offset", [0, 8, 56])
+def test_a_stack_keeps_the_alignment_its_weights_had(offset):
+    """Weights `offset` bytes past a 64-byte boundary (a GGUF-loaded Gemma 3 270M's float32 weights all sit 56 past
+    one) sit there in the stack too, same values, same objects: MKL's float32 bits can depend on it."""
+    gen = torch.Generator().manual_seed(0)
+    weights = []
+    for _ in range(3):
+        storage = torch.empty(6 * 10 + 16)
+        start = ((offset - storage.data_ptr()) % 64) // 4
+        weight = storage[start:start + 60].view(6, 10).copy_(torch.randn(6, 10, generator=gen))
+        weights.append(torch.nn.Parameter(weight))
+    values = [w.detach().clone() for w in weights]
+    stack = layer_stack.move_into_stack(weights)
+    assert [w.data_ptr() % 64 for w in weights] == [offset] * 3
+    assert all(w.data_ptr() == stack[i].data_ptr() and torch.equal(w, v)
+               for i, (w, v) in enumerate(zip(weights, values, strict=True)))
+
+
 def test_a_moved_model_falls_back_to_the_per_layer_path():
-    """After the parameters leave their slots (a reload, `model.to`), the stack is not used, not read stale."""
+    """After the parameters leave their slots (a reload, `model.to`), the stacks (input matrices, alone groups) are
+    not used, not read stale."""
     batched = _pass("tiny-llama", torch.float64, "naive", MATERIALIZED, "on")
     patcher = batched[0]
-    for params in patcher.layer_stack.params.values():
+    for params in [*patcher.layer_stack.params.values(), *patcher.alone_batch.groups[0].moved.values()]:
         for p in params:
             p.data = p.data.clone()
     assert not any(patcher.layer_stack.intact(name) for name in patcher.layer_stack.stacks)
+    assert not patcher.alone_batch.groups[0].intact()
+    for stack in [*patcher.layer_stack.stacks.values(), *patcher.alone_batch.groups[0].stacks.values()]:
+        stack.zero_()  # what a stale read would now see
     cache, query = patcher.start({"input_ids": IDS})
     again = patcher.patched_pass(query, patcher.context_step({"input_ids": query}, cache))
     assert torch.equal(again.logits, batched[1].logits)
@@ -99,22 +154,29 @@ def test_a_moved_model_falls_back_to_the_per_layer_path():
 def test_auto_stacks_on_a_gpu_only_and_bad_inputs_are_refused():
     model = load_checked("tiny-llama", torch.float64, "cpu", seed=0).model
     assert Patcher(model, "naive", batch_layers="auto").layer_stack is None  # the CPU: per layer, in cache
-    with pytest.raises(ValueError, match="one of auto, on, off"):
+    with pytest.raises(ValueError, match="one of auto, on, inputs, off"):
         Patcher(model, "naive", batch_layers="yes")
     with pytest.raises(ValueError, match="closed_loop solves each layer inside the pass"):
         Patcher(model, "closed_loop", batch_layers="on")
+    with pytest.raises(ValueError, match="closed_loop solves each layer inside the pass"):
+        Patcher(model, "closed_loop", batch_layers="inputs")
     with pytest.raises(ValueError, match="GPT-2 has no input matrix that stacks"):
-        Patcher(load_checked("tiny-gpt2", torch.float64, "cpu", seed=0).model, "naive", batch_layers="on")
+        Patcher(load_checked("tiny-gpt2", torch.float64, "cpu", seed=0).model, "naive", batch_layers="inputs")
+    gpt2 = load_checked("tiny-gpt2", torch.float64, "cpu", seed=0).model
+    gpt2.transformer.h = gpt2.transformer.h[:2]  # two layers: no group of three to run as one
+    with pytest.raises(ValueError, match="no input matrix that stacks .* and no three layers"):
+        Patcher(gpt2, "naive", batch_layers="on")
 
 
-def test_a_recorded_step_replays_the_batched_pass():
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-llama"])  # input updates stacked; and alone passes grouped
+def test_a_recorded_step_replays_the_batched_pass(name):
     """The recorded token (step_graph.py, replayed here by re-running into the first run's outputs) with the layers
     batched: the tokens of plain eager generation, per layer."""
     from experiments.patching import step_graph
     from experiments.patching.generate import patched_generate
 
     def tokens(batch_layers, **kwargs):
-        patcher = Patcher(load_checked("tiny-gemma3", torch.float64, "cpu", seed=0).model, "naive",
+        patcher = Patcher(load_checked(name, torch.float64, "cpu", seed=0).model, "naive",
                           batch_layers=batch_layers)
         return [g.token_id for g in patched_generate(patcher, {"input_ids": IDS}, 5, **kwargs)]
 

@@ -35,7 +35,7 @@ def test_algorithm1_open_loop_float32_is_at_rounding_level_at_every_layer_and_th
 
 def test_the_open_loop_batched_across_layers_is_the_per_layer_path_bit_for_bit(qwen32):
     """Issue 54 item 3 on trained weights: every layer's W_gate and W_up patched by one call over stacked weights
-    (batch_layers=on) gives the per-layer path's patched tensors, per-layer errors and logits bit for bit, from the
+    (batch_layers=inputs) gives the per-layer path's patched tensors, per-layer errors and logits bit for bit, from the
     same with-context step. The stack is undone after (the session's model as it was, each weight its own storage)."""
     from experiments.patching import layer_stack
 
@@ -44,7 +44,7 @@ def test_the_open_loop_batched_across_layers_is_the_per_layer_path_bit_for_bit(q
     cache, query = per_layer.start(inputs)
     step = per_layer.context_step({"input_ids": query}, cache, logits=False)
     a = per_layer.patched_pass(query, step)
-    batched = Patcher(qwen32.model, "naive", batch_layers="on")
+    batched = Patcher(qwen32.model, "naive", batch_layers="inputs")
     try:
         assert sorted(batched.layer_stack.stacks) == ["mlp.gate_proj.weight", "mlp.up_proj.weight"]
         b = batched.patched_pass(query, step)

@@ -21,14 +21,16 @@ def _tokens(model, variant: str, n: int = 5, **kwargs) -> list[int]:
     return [g.token_id for g in patched_generate(Patcher(model, variant), {"input_ids": IDS}, n, **kwargs)]
 
 
-@pytest.mark.parametrize("model_name, variant", [("tiny-llama", "naive"), ("tiny-llama", "closed_loop"),
-                                                 ("tiny-gemma3", "conditioned")])
-def test_a_compiled_step_gives_the_eager_tokens_and_compiles_once(model_name, variant):
+@pytest.mark.parametrize("model_name, variant, batch_layers", [
+    ("tiny-llama", "naive", "off"), ("tiny-llama", "closed_loop", "off"), ("tiny-gemma3", "conditioned", "off"),
+    ("tiny-llama", "naive", "on")])
+def test_a_compiled_step_gives_the_eager_tokens_and_compiles_once(model_name, variant, batch_layers):
     """What torch.compile traced is the step: the eager tokens (float64), from graphs compiled by the first token
     alone, without a break: no hook registered per pass (taps.py), no forward swapped, nothing of the pass in a
     list that grows. Gemma 3's sliding-window cache keeps its count as a Python int as well, which a replay must not
     have moved (`GraphedStep._host_counts`) and which torch.compile makes dynamic at its second value: two graphs,
-    both compiled before the first token is out."""
+    both compiled before the first token is out. Batched (`batch_layers=on`: the input updates stacked, the alone
+    passes one vmap) the same, the stack's check of its slots answered by the eager run before the trace."""
     from torch._dynamo.utils import counters
 
     model = load_checked(model_name, torch.float64, "cpu", seed=0).model
@@ -37,7 +39,7 @@ def test_a_compiled_step_gives_the_eager_tokens_and_compiles_once(model_name, va
     counters.clear()
     graphs = []
     try:
-        run = patched_generate(Patcher(model, variant), {"input_ids": IDS}, 5, compile="on",
+        run = patched_generate(Patcher(model, variant, batch_layers=batch_layers), {"input_ids": IDS}, 5, compile="on",
                                capture=step_graph.compiled_capture(backend="eager"))
         tokens = []
         for g in run:
