@@ -263,6 +263,13 @@ class Patcher:
         self.layer_names = [names[id(layer)] for layer in self.layers]
         self._inside = False
 
+    def unstack(self) -> None:
+        """Every tensor `batch_layers` moved into a stack in its own storage again, same values (what safetensors
+        needs to save the model); the patcher then runs its layers one at a time."""
+        alone_batch.unstack(self.alone_batch)
+        layer_stack.unstack(self.layer_stack)
+        self.alone_batch = self.layer_stack = None
+
     @property
     def batched(self) -> bool:
         """Whether the open loop runs its layers at once (`batch_layers`): input updates stacked, alone passes

@@ -117,22 +117,14 @@ def test_alike_layers_alone_as_one_are_the_per_layer_path_bit_for_bit(gemma64):
     """Issue 54 item 3 on trained weights: the 15 sliding and the 3 global layers' alone passes as two vmaps
     (batch_layers=on, its input updates stacked too) give the per-layer path's patched tensors, per-layer errors
     and logits bit for bit in float64, from the same with-context step. The stacks are undone after."""
-    from experiments.patching import alone_batch, layer_stack
+    from tests.helpers.batched import per_layer_and_batched
 
-    inputs = encode_prompt(gemma64, PROMPT)
-    per_layer = Patcher(gemma64.model, "naive")
-    cache, query = per_layer.start(inputs)
-    step = per_layer.context_step({"input_ids": query}, cache, logits=False)
-    a = per_layer.patched_pass(query, step)
-    batched = Patcher(gemma64.model, "naive", batch_layers="on")
-    try:
+    def grouped(patcher):
         types = gemma64.model.config.layer_types
-        assert [[types[i] for i in g.indices] for g in batched.alone_batch.groups] == [
+        assert [[types[i] for i in g.indices] for g in patcher.alone_batch.groups] == [
             ["sliding_attention"] * 15, ["full_attention"] * 3]
-        b = batched.patched_pass(query, step)
-    finally:
-        alone_batch.unstack(batched.alone_batch)
-        layer_stack.unstack(batched.layer_stack)
+
+    a, b = per_layer_and_batched(gemma64, PROMPT, "on", grouped)
     assert a.tensors.keys() == b.tensors.keys()
     assert all(torch.equal(a.tensors[name], b.tensors[name]) for name in a.tensors)
     assert torch.equal(a.logits, b.logits) and a.hidden_linf == b.hidden_linf
@@ -143,8 +135,6 @@ def test_stacking_the_trained_float32_weights_changes_no_bit(gemma32):
     (layer_stack._same_alignment). Moved onto a boundary, MKL gave its with-context pass other last bits, which the
     naive open loop carried to other logits (3e-1 relative, another argmax). Stacked (batch_layers=on: input
     matrices and alone groups), the with-context targets and the patched pass are the unstacked model's, bit for bit."""
-    from experiments.patching import alone_batch, layer_stack
-
     inputs = encode_prompt(gemma32, PROMPT)
 
     def run(batch_layers):
@@ -154,8 +144,7 @@ def test_stacking_the_trained_float32_weights_changes_no_bit(gemma32):
             step = patcher.context_step({"input_ids": query}, cache, logits=False)
             return step, patcher.patched_pass(query, step)
         finally:
-            alone_batch.unstack(patcher.alone_batch)
-            layer_stack.unstack(patcher.layer_stack)
+            patcher.unstack()
 
     (step_a, a), (step_b, b) = run("off"), run("on")
     assert all(torch.equal(x.x_in, y.x_in) and torch.equal(x.x_out, y.x_out)

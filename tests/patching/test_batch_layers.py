@@ -49,20 +49,35 @@ def test_batched_equals_per_layer_bit_for_bit_in_float64(name):
     assert batched[1].hidden_linf[-1] > 0  # control: a pass that is compared at all (the record differs)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_batched_alone_passes_agree_within_the_dtypes_rounding(dtype):
-    """In float32 and bfloat16 a batched product may round in another order than a layer's own: the batched alone
-    passes give the per-layer logits within the dtype's rounding (not asserted equal, nor different); `inputs`
-    alone (the alone passes per layer) keeps every bit."""
-    batched = _pass("tiny-llama", dtype, "naive", MATERIALIZED, "on")
+def _within_rounding(dtype: torch.dtype, device: str, batch_layers: str = "on") -> None:
+    batched = _pass("tiny-llama", dtype, "naive", MATERIALIZED, batch_layers, device)
     assert batched[0].alone_batch is not None
-    per_layer = _pass("tiny-llama", dtype, "naive", MATERIALIZED, "off")
+    per_layer = _pass("tiny-llama", dtype, "naive", MATERIALIZED, "off", device)
     eps = torch.finfo(dtype).eps
     scale = per_layer[1].logits.abs().max()
     assert (batched[1].logits - per_layer[1].logits).abs().max() <= 64 * eps * scale
     for name, t in per_layer[2].items():
         assert (batched[2][name].float() - t.float()).abs().max() <= 64 * eps * t.float().abs().max(), name
-    _same_bits(_pass("tiny-llama", dtype, "naive", MATERIALIZED, "inputs"), per_layer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_alone_passes_agree_within_the_dtypes_rounding(dtype):
+    """In float32 and bfloat16 a batched product may round in another order than a layer's own: the batched alone
+    passes give the per-layer logits and patched tensors within the dtype's rounding (not asserted equal, nor
+    different); `inputs` alone (the alone passes per layer) keeps every bit."""
+    _within_rounding(dtype, "cpu")
+    _same_bits(_pass("tiny-llama", dtype, "naive", MATERIALIZED, "inputs"),
+               _pass("tiny-llama", dtype, "naive", MATERIALIZED, "off"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_the_alone_groups_agree_within_rounding(dtype):
+    """On CUDA, where `auto` batches the alone passes too (vmap over cuBLAS's batched products and the GPU's
+    attention): the per-layer path within the dtype's rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    _within_rounding(dtype, "cuda", "auto")
 
 
 def test_the_alone_batch_comparison_can_fail():

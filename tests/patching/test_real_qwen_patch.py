@@ -37,20 +37,13 @@ def test_the_open_loop_batched_across_layers_is_the_per_layer_path_bit_for_bit(q
     """Issue 54 item 3 on trained weights: every layer's W_gate and W_up patched by one call over stacked weights
     (batch_layers=inputs) gives the per-layer path's patched tensors, per-layer errors and logits bit for bit, from the
     same with-context step. The stack is undone after (the session's model as it was, each weight its own storage)."""
-    from experiments.patching import layer_stack
+    from tests.helpers.batched import per_layer_and_batched
 
-    inputs = encode_prompt(qwen32, PROMPT)
-    per_layer = Patcher(qwen32.model, "naive")
-    cache, query = per_layer.start(inputs)
-    step = per_layer.context_step({"input_ids": query}, cache, logits=False)
-    a = per_layer.patched_pass(query, step)
-    batched = Patcher(qwen32.model, "naive", batch_layers="inputs")
-    try:
-        assert sorted(batched.layer_stack.stacks) == ["mlp.gate_proj.weight", "mlp.up_proj.weight"]
-        b = batched.patched_pass(query, step)
-        assert a.tensors.keys() == b.tensors.keys()
-        assert all(torch.equal(a.tensors[name], b.tensors[name]) for name in a.tensors)
-    finally:
-        layer_stack.unstack(batched.layer_stack)
+    def stacked(patcher):
+        assert sorted(patcher.layer_stack.stacks) == ["mlp.gate_proj.weight", "mlp.up_proj.weight"]
+
+    a, b = per_layer_and_batched(qwen32, PROMPT, "inputs", stacked)
+    assert a.tensors.keys() == b.tensors.keys()
+    assert all(torch.equal(a.tensors[name], b.tensors[name]) for name in a.tensors)
     assert torch.equal(a.logits, b.logits)
     assert a.hidden_linf == b.hidden_linf and max(a.hidden_rel) < 1e-5
