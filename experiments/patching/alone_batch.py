@@ -32,7 +32,8 @@ from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from experiments.patching.capture import LayerCapture, first_output
-from experiments.patching.layer_stack import batched, move_into_stack
+from experiments.patching.layer_stack import batches_here, move_into_stack
+from experiments.patching.open_loop import alone_values, run_layer
 from experiments.patching.rules.base import module_input
 
 warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the "
@@ -72,8 +73,6 @@ class AloneBatch:
 
     def values(self, patcher, targets: list[LayerCapture], calls: list[tuple[tuple, dict]]) -> list[dict]:
         """Every layer's alone values, as `open_loop.alone_values` gives them layer by layer."""
-        from experiments.patching.open_loop import alone_values
-
         out: list[dict | None] = [None] * len(patcher.layers)
         for group in self.groups:
             first = group.indices[0]
@@ -84,7 +83,7 @@ class AloneBatch:
                 alone_values(patcher, layer, targets[first], hidden, args, kwargs)
                 group.calls[key] = _common_call([calls[i] for i in group.indices])
             call = group.calls[key]
-            if call is None or not group.intact():  # calls of different structure, tensors moved: each layer alone
+            if call is None or not group.intact():  # calls that do not batch, tensors moved: each layer alone
                 continue
             stood = _run_group(patcher, layer, group, call, targets, hidden)
             for j, index in enumerate(group.indices):
@@ -99,8 +98,6 @@ class AloneBatch:
 def _run_group(patcher, layer: nn.Module, group: AloneGroup, call: tuple, targets: list[LayerCapture],
                hidden: Tensor) -> dict[str, Tensor]:
     """The group's alone passes as one vmap of `layer`'s forward (its first layer's) over the stacks."""
-    from experiments.patching.open_loop import run_layer
-
     spec, leaves, batched = call
     x = torch.stack([targets[i].x_in.to(hidden.dtype).view_as(hidden) for i in group.indices])
     batched_leaves = [leaf if is_batched else None for leaf, is_batched in zip(leaves, batched, strict=True)]
@@ -149,7 +146,7 @@ def batch_for(batch_layers: str, variant, adapter, layers: list[nn.Module], inpu
               ) -> AloneBatch | None:
     """The batched alone passes of `batch_layers=on` (or `auto` on a GPU), None where no group forms or it is not
     asked; `on` where neither the input matrices stack nor the alone passes group: refused in one line."""
-    if batch_layers == "inputs" or not batched(batch_layers, variant, layers):
+    if batch_layers == "inputs" or not batches_here(batch_layers, variant, layers):
         return None
     groups = groups_for(adapter, layers)
     if not groups and not inputs_stacked and batch_layers == "on":
@@ -163,7 +160,8 @@ def groups_for(adapter, layers: list[nn.Module]) -> list[AloneGroup]:
     """The layers grouped into functions of their weights (the module doc), each group's weights moved into stacks;
     only groups of three layers or more (the first runs alone once more, to warm the stand-ins)."""
     skipped = (adapter.mlp, *adapter.input_modules)
-    names = [n for n, _ in _tensors(layers[0]) if not any(n.startswith(f"{path}.") for path in skipped)]
+    names = [n for n, _ in _tensors(layers[0]) if n not in adapter.input_matrices  # layer_stack's to stack
+             and not any(n.startswith(f"{path}.") for path in skipped)]
     states = [_state(layer, skipped) for layer in layers]
     index_keys = {k for k in states[0]  # an attribute that is each layer's own index (a cache slot)
                   if all(type(state.get(k)) is int and state[k] == i for i, state in enumerate(states))}

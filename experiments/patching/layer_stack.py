@@ -161,7 +161,7 @@ def stack_for(batch_layers: str, variant, adapter, layers: list[nn.Module]) -> L
     if batch_layers in ("on", "inputs") and not variant.evidence:
         raise ValueError(f"batch_layers={batch_layers}: {variant.name} solves each layer inside the pass, one after "
                          "another (only an open loop's layers are batched)")
-    if not batched(batch_layers, variant, layers):
+    if not batches_here(batch_layers, variant, layers):
         return None
     stack = stack_layers(adapter, layers)
     if stack is None and batch_layers == "inputs":
@@ -170,7 +170,7 @@ def stack_for(batch_layers: str, variant, adapter, layers: list[nn.Module]) -> L
     return stack
 
 
-def batched(batch_layers: str, variant, layers: list[nn.Module]) -> bool:
+def batches_here(batch_layers: str, variant, layers: list[nn.Module]) -> bool:
     """Whether `batch_layers` batches anything here: an open loop, and `on`/`inputs`, or `auto` on a GPU."""
     device = next(layers[0].parameters()).device
     return variant.evidence and (batch_layers in ("on", "inputs") or (batch_layers == "auto" and device.type == "cuda"))

@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from experiments.patching.alone_batch import AloneBatch
 from experiments.patching.capture import (
     LayerCapture,
     StandIns,
@@ -87,13 +86,14 @@ def _residual_change(target: LayerCapture, alone: dict, cdt: torch.dtype) -> Ten
 
 
 def fill_all(patcher, targets: list[LayerCapture], calls: list[tuple[tuple, dict]], layer_stack: LayerStack | None,
-             output_step: OutputStep, alone_batch: AloneBatch | None = None) -> list[LayerPatchStats]:
+             output_step: OutputStep, alone_batch=None) -> list[LayerPatchStats]:
     """Every layer's patched tensors into its buffers (`patcher.layer_bufs`), as `fill` layer after layer, with
     each stacked input matrix (`layer_stack.py`) updated in all layers by one call: every layer alone on its
-    with-context input first (alike layers as one, `alone_batch.py`), then the input updates matrix name by matrix
-    name, then each layer's output step. The same bits as `fill` where the alone passes are not batched: a stack's
-    blocks are the rows a layer alone gets, and the update is elementwise (`rounded.add_rank1_by_rows`); batched
-    alone passes keep them in float64 and round in their own order below (alone_batch.py)."""
+    with-context input first (alike layers as one where `alone_batch`, an alone_batch.AloneBatch, is given), then
+    the input updates matrix name by matrix name, then each layer's output step. The same bits as `fill` where the
+    alone passes are not batched: a stack's blocks are the rows a layer alone gets, and the update is elementwise
+    (`rounded.add_rank1_by_rows`); batched alone passes keep them in float64 and round in their own order below
+    (alone_batch.py)."""
     adapter, cdt = patcher.adapter, patcher.cdt
     for bufs in patcher.layer_bufs:
         bufs.begin()
