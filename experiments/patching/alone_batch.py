@@ -23,6 +23,7 @@ whose warning is silenced here); every other operation runs once a group.
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 from dataclasses import dataclass, field
 
@@ -31,11 +32,13 @@ from torch import Tensor, nn
 from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from experiments.core.errors import first_line
 from experiments.patching.capture import LayerCapture, first_output
 from experiments.patching.layer_stack import batches_here, move_into_stack
 from experiments.patching.open_loop import alone_values, run_layer
 from experiments.patching.rules.base import module_input
 
+log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the "
                                           "batching rule")
 
@@ -66,10 +69,13 @@ class AloneGroup:
 
 
 class AloneBatch:
-    """The groups of a patcher's layers (`groups_for`) and their batched alone passes (`values`)."""
+    """The groups of a patcher's layers (`groups_for`) and their batched alone passes (`values`). `fallback`
+    (batch_layers=auto): a group whose vmap fails runs its layers alone from then on, said in one line (a GPU's
+    attention without a batching rule this was not tested on); asked for (`on`), the failure is raised."""
 
-    def __init__(self, groups: list[AloneGroup]):
+    def __init__(self, groups: list[AloneGroup], fallback: bool = False):
         self.groups = groups
+        self.fallback = fallback
 
     def values(self, patcher, targets: list[LayerCapture], calls: list[tuple[tuple, dict]]) -> list[dict]:
         """Every layer's alone values, as `open_loop.alone_values` gives them layer by layer."""
@@ -85,7 +91,15 @@ class AloneBatch:
             call = group.calls[key]
             if call is None or not group.intact():  # calls that do not batch, tensors moved: each layer alone
                 continue
-            stood = _run_group(patcher, layer, group, call, targets, hidden)
+            try:
+                stood = _run_group(patcher, layer, group, call, targets, hidden)
+            except Exception as err:
+                if not self.fallback:
+                    raise
+                log.warning("batch_layers=auto: the alone passes of layers %s as one vmap failed (%s); they run "
+                            "one at a time", group.indices, first_line(err))
+                group.calls[key] = None
+                continue
             for j, index in enumerate(group.indices):
                 out[index] = {key: value[j] for key, value in stood.items()}
         for index, values in enumerate(out):
@@ -152,7 +166,7 @@ def batch_for(batch_layers: str, variant, adapter, layers: list[nn.Module], inpu
     if not groups and not inputs_stacked and batch_layers == "on":
         raise ValueError(f"batch_layers=on: {adapter.family} has no input matrix that stacks across layers (nn.Linear, "
                          "one shape in every layer) and no three layers that are one function of their weights")
-    return AloneBatch(groups) if groups else None
+    return AloneBatch(groups, fallback=batch_layers == "auto") if groups else None
 
 
 @torch.no_grad()

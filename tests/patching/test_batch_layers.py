@@ -149,6 +149,28 @@ def test_a_stack_keeps_the_alignment_its_weights_had(offset):
                for i, (w, v) in enumerate(zip(weights, values, strict=True)))
 
 
+def test_a_failed_vmap_under_auto_falls_back_in_one_line_and_on_raises(monkeypatch, caplog):
+    """`auto` (a GPU this was not run on): a group whose vmap fails runs per layer from then on, the per-layer bits,
+    one line said once; `on` raises it."""
+    from experiments.patching import alone_batch
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("no batching rule for this attention\nmore lines")
+
+    monkeypatch.setattr(alone_batch, "_run_group", failing)
+    patcher = Patcher(load_checked("tiny-llama", torch.float64, "cpu", seed=0).model, "naive", batch_layers="on")
+    cache, query = patcher.start({"input_ids": IDS})
+    step = patcher.context_step({"input_ids": query}, cache)
+    with pytest.raises(RuntimeError, match="no batching rule"):
+        patcher.patched_pass(query, step)
+    patcher.alone_batch.fallback = True  # what batch_layers=auto gives
+    with caplog.at_level("WARNING"):
+        first, again = patcher.patched_pass(query, step), patcher.patched_pass(query, step)
+    assert caplog.text.count("as one vmap failed (no batching rule for this attention); they run one at a time") == 1
+    per_layer = _pass("tiny-llama", torch.float64, "naive", MATERIALIZED, "off")[1]
+    assert torch.equal(first.logits, per_layer.logits) and torch.equal(again.logits, per_layer.logits)
+
+
 def test_a_moved_model_falls_back_to_the_per_layer_path():
     """After the parameters leave their slots (a reload, `model.to`), the stacks (input matrices, alone groups) are
     not used, not read stale."""
