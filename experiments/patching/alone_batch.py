@@ -33,8 +33,9 @@ from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from experiments.core.errors import first_line
+from experiments.patching import layer_stack
 from experiments.patching.capture import LayerCapture, first_output
-from experiments.patching.layer_stack import batches_here, move_into_stack
+from experiments.patching.layer_stack import LayerStack, batches_here, move_into_stack
 from experiments.patching.open_loop import alone_values, run_layer
 from experiments.patching.rules.base import module_input
 
@@ -45,27 +46,21 @@ warnings.filterwarnings("ignore", message="There is a performance drop because w
 
 @dataclass
 class AloneGroup:
-    """Layers whose alone passes run as one: `indices` into the patcher's layers, their stacked weights by name
-    (relative to a layer), and per query shape its calls' tensors as vmap takes them."""
+    """Layers whose alone passes run as one: `indices` into the patcher's layers, their weights moved into stacks
+    (a `LayerStack` by name relative to a layer, as the input matrices' is), and per query shape its calls' tensors
+    as vmap takes them."""
 
     indices: list[int]
-    stacks: dict[str, Tensor]
-    moved: dict[str, list[Tensor]] = field(default_factory=dict)  # the layers' tensors that live in the stacks
+    stack: LayerStack
     # the query's hidden state (shape, dtype, device) -> its calls as one (spec, leaves, batched), or None: the
     # same key as the patcher's calls (`Patcher.query_calls`), asked here without a list's identity (which a
     # compiled step cannot trace)
     calls: dict = field(default_factory=dict)
-    answered: bool = False  # `intact`'s last answer
 
     def intact(self) -> bool:
-        """Whether every tensor still lives in its slot (a `model.to(...)`, a reload or `unstack` moves them: the
-        group's layers then run alone, not from stale stacks). A compiled step's trace takes its eager run's answer
-        (a data pointer is no graph's to compare)."""
-        if torch.compiler.is_compiling():
-            return self.answered
-        self.answered = bool(self.stacks) and all(t.data_ptr() == self.stacks[name][i].data_ptr()
-                                                  for name, ts in self.moved.items() for i, t in enumerate(ts))
-        return self.answered
+        """Whether every tensor still lives in its slot (`LayerStack.intact`: a `model.to(...)`, a reload or
+        `unstack` moves them; the group's layers then run alone, not from stale stacks)."""
+        return bool(self.stack.stacks) and all(self.stack.intact(name) for name in self.stack.stacks)
 
 
 class AloneBatch:
@@ -123,7 +118,7 @@ def _run_group(patcher, layer: nn.Module, group: AloneGroup, call: tuple, target
         return {key: first_output(value) for key, value in values.items()}  # a parallel block's (A, None)
 
     dims = [0 if is_batched else None for is_batched in batched]
-    return vmap(one, in_dims=(0, dims, 0))(group.stacks, batched_leaves, x)
+    return vmap(one, in_dims=(0, dims, 0))(group.stack.stacks, batched_leaves, x)
 
 
 def _common_call(calls: list[tuple[tuple, dict]]) -> tuple | None:
@@ -195,19 +190,14 @@ def groups_for(adapter, layers: list[nn.Module]) -> list[AloneGroup]:
             continue  # too few; or a tensor shared by some of them, not all: neither one stack nor one tensor
         own = [n for n in names if objects[n] == len(members)]  # a tensor all share stays the one it is
         moved = {n: [_tensor(m, n) for m in members] for n in own}
-        out.append(AloneGroup(indices, {n: move_into_stack(ts) for n, ts in moved.items()}, moved))
+        out.append(AloneGroup(indices, LayerStack({n: move_into_stack(ts) for n, ts in moved.items()}, moved)))
     return out
 
 
-@torch.no_grad()
 def unstack(batch: AloneBatch | None) -> None:
-    """Every tensor a group moved into its stacks in its own storage again (same values), as
-    `layer_stack.unstack` does for the input matrices."""
+    """Every tensor a group moved into its stacks in its own storage again (same values): `layer_stack.unstack`."""
     for group in batch.groups if batch is not None else []:
-        for t in (t for ts in group.moved.values() for t in ts):
-            t.data = t.data.clone()
-        group.stacks.clear()
-        group.moved.clear()
+        layer_stack.unstack(group.stack)
     if batch is not None:
         batch.groups.clear()
 
@@ -217,6 +207,10 @@ def _tensors(layer: nn.Module):
     yield from layer.named_buffers(remove_duplicate=False)
 
 
+def _layout(layer: nn.Module) -> dict[str, tuple]:
+    return {name: (t.shape, t.dtype, t.device) for name, t in _tensors(layer)}
+
+
 def _tensor(layer: nn.Module, name: str) -> Tensor:
     path, _, leaf = name.rpartition(".")
     module = layer.get_submodule(path) if path else layer
@@ -224,14 +218,7 @@ def _tensor(layer: nn.Module, name: str) -> Tensor:
 
 
 def _one_function(a: nn.Module, b: nn.Module, state_a: dict, state_b: dict, index_keys: set[str]) -> bool:
-    if type(a) is not type(b):
-        return False
-    tensors_b = dict(_tensors(b))
-    for name, t in _tensors(a):
-        u = tensors_b.get(name)
-        if u is None or u.shape != t.shape or u.dtype != t.dtype or u.device != t.device:
-            return False
-    if len(tensors_b) != sum(1 for _ in _tensors(a)):
+    if type(a) is not type(b) or _layout(a) != _layout(b):
         return False
     keys = (state_a.keys() | state_b.keys()) - index_keys
     return all(k in state_a and k in state_b and _same(state_a[k], state_b[k]) for k in keys)

@@ -102,11 +102,16 @@ def _tap(module: nn.Module) -> Tap:
     if tap is None:
         tap = Tap(module)
         module.__dict__[_ATTR] = tap  # beside the module's own state, not a submodule or a buffer
-        keeper = next((placed for modules, placed in reversed(_sessions) if id(module) in modules), None)
+        keeper = _keeper(module)
         if keeper is not None:
             tap.pinned = True
             keeper.append(tap)
     return tap
+
+
+def _keeper(module: nn.Module) -> list[Tap] | None:
+    """The taps of the innermost open session on `module`'s model, or None."""
+    return next((placed for modules, placed in reversed(_sessions) if id(module) in modules), None)
 
 
 def attach_pre(module: nn.Module, hook: Callable, with_kwargs: bool = False) -> Attached:
@@ -147,7 +152,7 @@ def session(model: nn.Module) -> Iterator[None]:
     finally:
         del _sessions[next(i for i, (_, open_) in enumerate(_sessions) if open_ is placed)]  # generators interleave
         for tap in placed:
-            keeper = next((kept for mods, kept in reversed(_sessions) if id(tap.module) in mods), None)
+            keeper = _keeper(tap.module)
             if keeper is not None:
                 keeper.append(tap)
                 continue

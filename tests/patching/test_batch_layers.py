@@ -85,7 +85,7 @@ def test_the_alone_batch_comparison_can_fail():
     differ from the per-layer path."""
     patcher = Patcher(load_checked("tiny-llama", torch.float64, "cpu", seed=0).model, "naive", batch_layers="on")
     group = patcher.alone_batch.groups[0]
-    group.stacks = {name: stack.roll(1, 0) for name, stack in group.stacks.items()}
+    group.stack.stacks = {name: stack.roll(1, 0) for name, stack in group.stack.stacks.items()}
     group.intact = lambda: True
     cache, query = patcher.start({"input_ids": IDS})
     wrong = patcher.patched_pass(query, patcher.context_step({"input_ids": query}, cache))
@@ -176,12 +176,12 @@ def test_a_moved_model_falls_back_to_the_per_layer_path():
     not used, not read stale."""
     batched = _pass("tiny-llama", torch.float64, "naive", MATERIALIZED, "on")
     patcher = batched[0]
-    for params in [*patcher.layer_stack.params.values(), *patcher.alone_batch.groups[0].moved.values()]:
+    for params in [*patcher.layer_stack.params.values(), *patcher.alone_batch.groups[0].stack.params.values()]:
         for p in params:
             p.data = p.data.clone()
     assert not any(patcher.layer_stack.intact(name) for name in patcher.layer_stack.stacks)
     assert not patcher.alone_batch.groups[0].intact()
-    for stack in [*patcher.layer_stack.stacks.values(), *patcher.alone_batch.groups[0].stacks.values()]:
+    for stack in [*patcher.layer_stack.stacks.values(), *patcher.alone_batch.groups[0].stack.stacks.values()]:
         stack.zero_()  # what a stale read would now see
     cache, query = patcher.start({"input_ids": IDS})
     again = patcher.patched_pass(query, patcher.context_step({"input_ids": query}, cache))
