@@ -53,6 +53,17 @@ def test_a_warmed_token_reads_nothing_back(name, variant):
     assert context == CONTEXT_READS.get(name, 0)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])  # input updates stacked and alone passes grouped
+def test_a_warmed_batched_token_reads_nothing_back(name):
+    """batch_layers=on, what a GPU runs (`auto`): the stacks' slot checks and the grouped alone passes read
+    nothing back to the host either."""
+    patcher = Patcher(load_checked(name, torch.float64, "cpu", seed=0).model, "naive", batch_layers="on")
+    assert patcher.batched
+    context, rest = _reads(patcher)
+    assert rest == 0
+    assert context == CONTEXT_READS.get(name, 0)
+
+
 def test_the_count_sees_a_read_per_token():
     """The check above can fail: a greedy choice read back with int(), as before, is one read a token."""
     patcher = Patcher(load_checked("tiny-llama", torch.float64, "cpu", seed=0).model, "naive")
